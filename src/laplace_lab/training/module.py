@@ -1,0 +1,137 @@
+"""LightningModule for MAP training with a Gaussian prior whose precisions are buffers.
+
+Training objective (per datum, so it is comparable across dataset sizes):
+
+    loss = ( NLL_sum(batch) / B ) / T  +  0.5 * sum_g delta_g * ||theta_g||^2 / N
+
+with temperature ``T``, training-set size ``N`` and prior precision ``delta_g`` per parameter
+tensor ``g`` (or one per parameter for a diagonal prior). ``N * loss`` is the negative log of
+``p(D | theta)^(1/T) p(theta)``, whose Hessian is ``H / T + P0`` -- the same convention as the
+Laplace engine's posterior precision ``P = H / (sigma^2 T) + P0``. The prior precisions and,
+for regression, ``log_sigma_noise`` live in buffers so that online marglik can change them
+during training; the optimiser never sees them. Optimiser weight decay must stay 0: the prior
+term is the weight decay (``delta = weight_decay * N`` for plain SGD).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytorch_lightning as pl
+import torch
+from torch import nn
+
+from laplace_lab.training.nll import LIKELIHOODS, natural_to_mean_var, summed_nll
+
+
+class MAPModule(pl.LightningModule):
+    """MAP training of ``model`` under ``likelihood`` with a per-tensor Gaussian prior.
+
+    Args:
+        model: the network; ``model(x)`` returns logits ``[B, C]`` or outputs ``[B, O]``
+            (``[B, 2*O]`` natural parameters for heteroscedastic regression).
+        likelihood: ``classification``, ``regression`` or ``heteroscedastic_regression``.
+        n_data: training-set size ``N``.
+        optimizer: ``params -> torch.optim.Optimizer`` (a Hydra partial).
+        lr_scheduler: ``optimizer -> scheduler`` or ``None``.
+        prior_precision: initial precision (float: same for every tensor; or a tensor of
+            shape ``[n_param_tensors]`` or ``[n_params]``).
+        sigma_noise: initial Gaussian noise std (regression only).
+        temperature: ``T`` above.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        likelihood: str,
+        n_data: int,
+        optimizer: Callable[..., torch.optim.Optimizer],
+        lr_scheduler: Callable | None = None,
+        prior_precision: float | torch.Tensor = 1.0,
+        sigma_noise: float = 1.0,
+        temperature: float = 1.0,
+    ):
+        super().__init__()
+        if likelihood not in LIKELIHOODS:
+            raise ValueError(f"likelihood={likelihood!r} is not supported; allowed: {list(LIKELIHOODS)}")
+        if n_data <= 0 or temperature <= 0 or sigma_noise <= 0:
+            raise ValueError("n_data, temperature and sigma_noise must be positive")
+        self.model = model
+        self.likelihood = likelihood
+        self.n_data = n_data
+        self.temperature = temperature
+        self.optimizer_factory = optimizer
+        self.scheduler_factory = lr_scheduler
+        self.n_param_tensors = len(list(model.parameters()))
+        self.register_buffer("prior_precision", torch.empty(0))
+        self.set_prior_precision(prior_precision)
+        self.register_buffer("log_sigma_noise", torch.tensor(float(sigma_noise)).log())
+
+    # --- hyperparameters ------------------------------------------------------------------
+    @property
+    def sigma_noise(self) -> torch.Tensor:
+        return self.log_sigma_noise.exp()
+
+    def set_prior_precision(self, value: float | torch.Tensor) -> None:
+        """Set delta: a float, or a tensor of shape ``[1]``, ``[n_param_tensors]`` or ``[n_params]``."""
+        value = torch.as_tensor(value, dtype=torch.float32).detach().flatten()
+        n_params = sum(p.numel() for p in self.model.parameters())
+        if value.numel() == 1:
+            value = value.expand(self.n_param_tensors).clone()
+        if value.numel() not in (self.n_param_tensors, n_params):
+            raise ValueError(
+                f"prior_precision has {value.numel()} entries; allowed: 1, {self.n_param_tensors} "
+                f"(one per parameter tensor) or {n_params} (one per parameter)"
+            )
+        self.prior_precision = value.to(self.prior_precision.device if self.prior_precision.numel() else value.device)
+
+    def set_sigma_noise(self, value: float | torch.Tensor) -> None:
+        self.log_sigma_noise = torch.as_tensor(value, dtype=torch.float32, device=self.log_sigma_noise.device).log().reshape(())
+
+    # --- objective ------------------------------------------------------------------------
+    def prior_term(self) -> torch.Tensor:
+        """``0.5 * sum_g delta_g ||theta_g||^2`` (or ``0.5 * sum_i delta_i theta_i^2``)."""
+        params = list(self.model.parameters())
+        if self.prior_precision.numel() == self.n_param_tensors:
+            sq_norms = torch.stack([p.pow(2).sum() for p in params])
+            return 0.5 * (self.prior_precision * sq_norms).sum()
+        theta = torch.cat([p.flatten() for p in params])
+        return 0.5 * (self.prior_precision * theta.pow(2)).sum()
+
+    def nll(self, f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Summed negative log likelihood of a batch."""
+        return summed_nll(f, y, self.likelihood, self.sigma_noise)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        f = self.model(x)
+        nll = self.nll(f, y) / len(x)
+        loss = nll / self.temperature + self.prior_term() / self.n_data
+        self.log_dict({"train/loss": loss, "train/nll": nll}, on_step=False, on_epoch=True, batch_size=len(x))
+        return loss
+
+    def _eval_step(self, batch, stage: str):
+        x, y = batch
+        f = self.model(x)
+        metrics = {f"{stage}/nll": self.nll(f, y) / len(x)}
+        if self.likelihood == "classification":
+            metrics[f"{stage}/acc"] = (f.argmax(-1) == y).float().mean()
+        else:
+            mean = natural_to_mean_var(f)[0] if self.likelihood == "heteroscedastic_regression" else f
+            metrics[f"{stage}/mse"] = ((mean - y.reshape(mean.shape)) ** 2).mean()
+        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=len(x), prog_bar=stage == "val")
+
+    def validation_step(self, batch, batch_idx):
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch, batch_idx):
+        self._eval_step(batch, "test")
+
+    def configure_optimizers(self):
+        optimizer = self.optimizer_factory(self.model.parameters())
+        if self.scheduler_factory is None:
+            return optimizer
+        return {"optimizer": optimizer, "lr_scheduler": self.scheduler_factory(optimizer)}
