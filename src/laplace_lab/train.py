@@ -18,6 +18,7 @@ import hydra
 import pytorch_lightning as pl
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
 from laplace_lab.config_validation import validate_config
@@ -27,6 +28,20 @@ from laplace_lab.training import MAPModule
 
 log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def instantiate(node, *args, **kwargs):
+    """``hydra.utils.instantiate`` that re-raises our own errors unwrapped.
+
+    Hydra wraps constructor errors in ``InstantiationException``; the original
+    ``ValueError`` / ``FileNotFoundError`` names the option and the allowed values, so show it.
+    """
+    try:
+        return hydra.utils.instantiate(node, *args, **kwargs)
+    except InstantiationException as err:
+        if isinstance(err.__cause__, (ValueError, FileNotFoundError)):
+            raise err.__cause__ from None
+        raise
 
 
 def resolve_likelihood(cfg: DictConfig, datamodule: LabDataModule) -> str:
@@ -41,16 +56,16 @@ def resolve_likelihood(cfg: DictConfig, datamodule: LabDataModule) -> str:
 
 def build(cfg: DictConfig) -> tuple[LabDataModule, MAPModule]:
     """Instantiate the data module and the LightningModule (no training yet)."""
-    datamodule: LabDataModule = hydra.utils.instantiate(cfg.data)
+    datamodule: LabDataModule = instantiate(cfg.data)
     likelihood = resolve_likelihood(cfg, datamodule)
     n_out = datamodule.num_outputs * (2 if likelihood == "heteroscedastic_regression" else 1)
-    model = hydra.utils.instantiate(cfg.model)(input_shape=datamodule.input_shape, num_outputs=n_out)
-    scheduler = hydra.utils.instantiate(cfg.lr_scheduler) if cfg.get("lr_scheduler") else None
+    model = instantiate(cfg.model)(input_shape=datamodule.input_shape, num_outputs=n_out)
+    scheduler = instantiate(cfg.lr_scheduler) if cfg.get("lr_scheduler") else None
     module = MAPModule(
         model=model,
         likelihood=likelihood,
         n_data=datamodule.n_train,
-        optimizer=hydra.utils.instantiate(cfg.optimizer),
+        optimizer=instantiate(cfg.optimizer),
         lr_scheduler=scheduler,
         prior_precision=cfg.prior_precision,
         sigma_noise=cfg.sigma_noise,

@@ -1,0 +1,38 @@
+# Common tasks. Every target sets up .venv first (pip install -e '.[dev]' from pyproject.toml).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: install run test test-slow test-all lint bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(BIN)/.installed
+
+## Default experiment: MLP on generated 2-D data (toy2d), prints its final metrics.
+run: install
+	$(BIN)/python -m laplace_lab.train $(ARGS)
+
+## Default test run (< 10 min on 2 CPU cores); real-data tests read LAPLACE_LAB_DATA_DIR.
+test: install
+	$(BIN)/python -m pytest -q
+
+## Slow tests only (real-data training, bigger models).
+test-slow: install
+	$(BIN)/python -m pytest -q -m slow
+
+test-all: install
+	$(BIN)/python -m pytest -q -m "slow or not slow"
+
+lint: install
+	$(BIN)/ruff check src tests benchmarks
+
+bench: install
+	$(BIN)/python benchmarks/fit.py
+
+clean:
+	rm -rf $(VENV) outputs multirun

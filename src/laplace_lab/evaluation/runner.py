@@ -1,0 +1,426 @@
+"""``run_evaluation``: every evaluation of one run, logged and written to the output directory.
+
+Metric keys are ``<section>/<view>/<predictor>/<metric>`` (``test`` has no view):
+
+====================  ================================  =========================================
+section               view                              metrics
+====================  ================================  =========================================
+``test``              (none)                            acc nll brier ece mce conf entropy;
+                                                        regression: ll rmse cov_50 cov_90 cov_95
+``ood``               OOD set name, ``noise``,          conf entropy auroc fpr95
+                      ``far_away``
+``shift``             ``rot_<deg>``, ``c10c_s<k>``      acc nll brier ece mce conf entropy
+                      (CIFAR-10-C severity k, mean
+                      over corruptions)
+``fgsm_map``          ``eps_<eps>``                     acc nll brier ece mce conf entropy
+``fgsm_self``         ``eps_<eps>``                     (same; each predictor attacked itself)
+``confmax_map``       ``eps_<eps>``                     conf entropy
+``confmax_self``      ``eps_<eps>``                     conf entropy
+``toy2d``             ``far``                           conf (mean on the zoomed-out border)
+====================  ================================  =========================================
+
+Numbers in views use ``format(v, "g")``: ``rot_30``, ``eps_0.05``. E.g. ``test/la/ece``,
+``ood/fashion_mnist/la/auroc``, ``shift/rot_30/map/acc``, ``fgsm_map/eps_0.1/la/conf``.
+``fgsm_map`` / ``confmax_map`` attack ``attack_model`` (the MAP network) and evaluate every
+predictor on the same inputs; ``*_self`` attack each predictor itself
+(``evaluation.adversarial.attack_laplace=true``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from laplace_lab.evaluation import metrics as M
+from laplace_lab.evaluation import plots
+from laplace_lab.evaluation.adversarial import (
+    NotDifferentiableError,
+    confidence_max_attack,
+    fgsm_sweep,
+)
+from laplace_lab.evaluation.config import EvalConfig, config_to_dict, validate_config
+from laplace_lab.evaluation.ood import far_away, uniform_noise
+from laplace_lab.evaluation.predict import (
+    eval_mode,
+    limit,
+    n_batches,
+    predict_probs,
+    run_predictors,
+)
+from laplace_lab.evaluation.report import Reporter
+from laplace_lab.evaluation.shift import cifar10c_status, load_cifar10c, rotated_batches
+from laplace_lab.evaluation.toy2d import toy2d_contours
+
+log = logging.getLogger(__name__)
+
+TASKS = ("classification", "regression")
+CURVE_METRICS = ("acc", "nll", "ece", "conf")
+ADV_METRICS = ("acc", "conf", "ece", "entropy")
+
+
+def metric_key(section: str, view: str | None, predictor: str, metric: str) -> str:
+    parts = [section] + ([view] if view else []) + [predictor, metric]
+    return "/".join(parts)
+
+
+def _num(v: float) -> str:
+    return format(float(v), "g")
+
+
+def _prefixed(section, view, predictor, values: dict[str, float]) -> dict[str, float]:
+    return {metric_key(section, view, predictor, k): v for k, v in values.items()}
+
+
+def _default_device(attack_model, predictors) -> torch.device:
+    for obj in [attack_model, *predictors.values()]:
+        if isinstance(obj, nn.Module):
+            for p in obj.parameters():
+                return p.device
+    return torch.device("cpu")
+
+
+def _norm_name(name: str | None) -> str:
+    return (name or "").lower().replace("-", "").replace("_", "")
+
+
+class _Context:
+    """What every section needs; built once by ``run_evaluation``."""
+
+    def __init__(self, cfg: EvalConfig, predictors, rep: Reporter, device, input_range, rng):
+        self.cfg, self.predictors, self.rep, self.device = cfg, predictors, rep, device
+        self.input_range, self.rng = input_range, rng
+
+    def batches(self, loader, max_batches=None):
+        mb = max_batches if max_batches is not None else self.cfg.max_test_batches
+        return limit(loader, mb), n_batches(loader, mb)
+
+    def probs(self, batches_total, desc, predictors=None, keep_inputs=0):
+        batches, total = batches_total
+        return run_predictors(predictors or self.predictors, batches, "classification", self.device,
+                              keep_inputs=keep_inputs, desc=desc, progress=self.cfg.progress, total=total)
+
+    def probs_of(self, x: Tensor, desc: str, predictors=None) -> dict[str, Tensor]:
+        return predict_probs(predictors or self.predictors, x, self.cfg.chunk_size, self.device, desc,
+                             self.cfg.progress)
+
+
+def run_evaluation(cfg: Any, task: str, predictors: dict[str, Callable], test_loader: DataLoader,
+                   ood_loaders: dict[str, DataLoader] | None = None, attack_model: Callable | None = None,
+                   out_dir: str | Path = ".", logger: Any = None, *, target_mean=0.0, target_std=1.0,
+                   y_standardised: bool = True, dataset: str | None = None, data_dir: str | None = None,
+                   input_range: tuple[float, float] | None = None, toy_data: tuple[Tensor, Tensor] | None = None,
+                   device: str | torch.device | None = None, step: int | None = None) -> dict[str, float]:
+    """Evaluate every predictor; log to ``logger`` (one Lightning logger or a list) and ``out_dir``.
+
+    Args:
+        cfg: the ``evaluation`` config node (validated here; see ``config.EvalConfig``).
+        task: ``"classification"`` or ``"regression"``.
+        predictors: ``{name: predictor}``; see the package docstring for the contract.
+        test_loader: in-distribution test ``(x, y)`` batches.
+        ood_loaders: ``{name: loader}`` of OOD test sets (labels unused).
+        attack_model: the network FGSM attacks (logits ``nn.Module`` or probs predictor); ``None``
+            uses ``predictors["map"]`` if present.
+        out_dir: where figures, tables and metric files go (the Hydra run directory).
+        target_mean, target_std: regression target standardisation (float or ``[O]``).
+        y_standardised: regression targets from ``test_loader`` are standardised (as the data
+            modules give them); ``False`` if they are in original units.
+        dataset: in-distribution dataset name (``cifar10`` enables CIFAR-10-C).
+        data_dir: data root for CIFAR-10-C (else ``evaluation.shift.cifar10c.data_dir``, else
+            ``$LAPLACE_LAB_DATA_DIR``, else ``data``).
+        input_range: valid input range; overrides ``evaluation.input_range`` when given.
+        toy_data: ``(X [N, 2], y [N])`` drawn on the toy contour plots (default: the test set).
+        device: where inputs are sent (default: the device of the first ``nn.Module`` parameter).
+        step: step passed to the loggers.
+
+    Returns the flat dict of scalar metrics (also in ``<out_dir>/eval_metrics.json``).
+    """
+    ecfg = validate_config(cfg)
+    if task not in TASKS:
+        raise ValueError(f"task={task!r} is not supported; allowed: {list(TASKS)}")
+    if not predictors:
+        raise ValueError("run_evaluation needs at least one predictor")
+    rep = Reporter(out_dir, logger, step)
+    if not ecfg.enabled:
+        rep.skip("all", "evaluation.enabled=false", warn=False)
+        return rep.finalize(config_to_dict(ecfg))
+    device = torch.device(device) if device is not None else _default_device(attack_model, predictors)
+    rng = torch.Generator().manual_seed(ecfg.seed)
+    in_range = tuple(float(v) for v in input_range) if input_range is not None else ecfg.input_range
+    ctx = _Context(ecfg, predictors, rep, device, in_range, rng)
+    try:
+        with eval_mode(attack_model, *predictors.values()):
+            if task == "regression":
+                _regression(ctx, test_loader, target_mean, target_std, y_standardised)
+            else:
+                _classification(ctx, test_loader, ood_loaders or {}, attack_model, dataset, data_dir,
+                                toy_data)
+    finally:
+        result = rep.finalize(config_to_dict(ecfg))
+    return result
+
+
+# ============================================================================ classification
+def _classification(ctx: _Context, test_loader, ood_loaders, attack_model, dataset, data_dir, toy_data):
+    cfg, rep = ctx.cfg, ctx.rep
+    keep = max(cfg.ood.n_generated, 1)
+    if cfg.toy2d.enabled and toy_data is None:
+        keep = 10**12
+    probs, y, kept = ctx.probs(ctx.batches(test_loader), "test", keep_inputs=keep)
+    n_classes = next(iter(probs.values())).shape[1]
+    bins, ece = [], {}
+    for name, p in probs.items():
+        m = M.classification_metrics(p, y, cfg.n_bins)
+        ece[name] = m["ece"]
+        rep.add_metrics(_prefixed("test", None, name, m))
+        b = M.calibration_bins(p, y, cfg.n_bins)
+        bins.append(pd.DataFrame({"predictor": name, **{k: v.numpy() for k, v in b.items()}}))
+    if cfg.reliability_diagram:
+        df = pd.concat(bins, ignore_index=True)
+        rep.add_table("reliability", df)
+        rep.add_figure("reliability", plots.reliability_diagram(df, ece, f"test ({cfg.n_bins} bins)"))
+
+    _ood(ctx, probs, kept, ood_loaders, dataset)
+    _rotation(ctx, test_loader, kept)
+    _cifar10c(ctx, dataset, data_dir)
+    _adversarial(ctx, test_loader, attack_model, kept)
+    _toy2d(ctx, toy_data if toy_data is not None else (kept, y), n_classes)
+
+
+def _ood(ctx: _Context, probs_in, kept, ood_loaders, dataset):
+    cfg, rep = ctx.cfg, ctx.rep
+    if not cfg.ood.enabled:
+        rep.skip("ood", "evaluation.ood.enabled=false", warn=False)
+        return
+    sets: dict[str, dict[str, Tensor]] = {}
+    names = list(ood_loaders) if cfg.ood.datasets is None else list(cfg.ood.datasets)
+    for name in names:
+        if name not in ood_loaders:
+            rep.skip(f"ood/{name}", f"no loader for OOD set {name!r} (given: {sorted(ood_loaders)})")
+            continue
+        sets[name], _, _ = ctx.probs(ctx.batches(ood_loaders[name], cfg.ood.max_batches), f"ood/{name}")
+    n = min(cfg.ood.n_generated, len(kept))
+    if cfg.ood.noise:
+        if ctx.input_range is None:
+            rep.skip("ood/noise", "evaluation.input_range is null (no range to draw noise from)")
+        else:
+            x = uniform_noise(cfg.ood.n_generated, tuple(kept.shape[1:]), ctx.input_range, ctx.rng)
+            sets["noise"] = ctx.probs_of(x, "ood/noise")
+    if cfg.ood.far_away:
+        sets["far_away"] = ctx.probs_of(far_away(kept[:n], cfg.ood.far_away_alpha), "ood/far_away")
+    if not sets:
+        rep.skip("ood", "no OOD sets (no loaders given and generated sets off)")
+        return
+    rows, conf_rows = [], []
+    in_name = dataset or "in-distribution"
+    for pname, p_in in probs_in.items():
+        conf_rows.append(pd.DataFrame({"predictor": pname, "dataset": in_name,
+                                       "confidence": M.confidence(p_in).numpy()}))
+    for set_name, by_pred in sets.items():
+        for pname, p_out in by_pred.items():
+            m = M.ood_metrics(probs_in[pname], p_out)
+            rep.add_metrics(_prefixed("ood", set_name, pname, m))
+            rows.append({"dataset": set_name, "predictor": pname, **m})
+            conf_rows.append(pd.DataFrame({"predictor": pname, "dataset": set_name,
+                                           "confidence": M.confidence(p_out).numpy()}))
+    rep.add_table("ood", pd.DataFrame(rows))
+    rep.add_figure("confidence_hist", plots.confidence_histograms(pd.concat(conf_rows, ignore_index=True),
+                                                                  "max-confidence: test vs OOD"))
+
+
+def _rotation(ctx: _Context, test_loader, kept):
+    cfg, rep = ctx.cfg, ctx.rep
+    rc = cfg.shift.rotation
+    if not rc.enabled:
+        rep.skip("shift/rotation", "evaluation.shift.rotation.enabled=false", warn=False)
+        return
+    if kept.ndim != 4:
+        rep.skip("shift/rotation", f"inputs are not images [B, C, H, W] (shape {tuple(kept.shape)})", warn=False)
+        return
+    rows = []
+    for angle in tqdm(rc.angles, desc="rotation", disable=not cfg.progress):
+        batches, total = ctx.batches(test_loader, rc.max_batches)
+        probs, y, _ = ctx.probs((rotated_batches(batches, angle), total), f"rot {_num(angle)}")
+        for pname, p in probs.items():
+            m = M.classification_metrics(p, y, cfg.n_bins)
+            rep.add_metrics(_prefixed("shift", f"rot_{_num(angle)}", pname, m))
+            rows.append({"predictor": pname, "angle": angle, **m})
+    df = pd.DataFrame(rows)
+    rep.add_table("shift_rotation", df)
+    rep.add_figure("shift_rotation", plots.metric_curves(df, "angle", CURVE_METRICS, "rotation (degrees)",
+                                                         "rotated test set"))
+
+
+def _cifar10c(ctx: _Context, dataset, data_dir):
+    cfg, rep = ctx.cfg, ctx.rep
+    c = cfg.shift.cifar10c
+    if not c.enabled:
+        rep.skip("shift/cifar10c", "evaluation.shift.cifar10c.enabled=false", warn=False)
+        return
+    if _norm_name(dataset) != "cifar10":
+        rep.skip("shift/cifar10c", f"in-distribution dataset is {dataset!r}, not cifar10", warn=False)
+        return
+    root = c.data_dir or data_dir
+    present, reason = cifar10c_status(root, c.corruptions)
+    if not present:
+        rep.skip("shift/cifar10c", reason)
+        return
+    if reason:
+        rep.skip("shift/cifar10c (some corruptions)", reason)
+    rows = []
+    for corruption in tqdm(present, desc="cifar10c", disable=not cfg.progress):
+        for sev in c.severities:
+            loader = DataLoader(load_cifar10c(root, corruption, sev, c.max_items), batch_size=cfg.chunk_size)
+            probs, y, _ = ctx.probs((iter(loader), len(loader)), f"{corruption} s{sev}")
+            for pname, p in probs.items():
+                rows.append({"predictor": pname, "corruption": corruption, "severity": sev,
+                             **M.classification_metrics(p, y, cfg.n_bins)})
+    df = pd.DataFrame(rows)
+    rep.add_table("shift_cifar10c", df)
+    mean = df.drop(columns="corruption").groupby(["predictor", "severity"], sort=False).mean().reset_index()
+    for r in mean.to_dict("records"):
+        values = {k: v for k, v in r.items() if k not in ("predictor", "severity")}
+        rep.add_metrics(_prefixed("shift", f"c10c_s{r['severity']}", r["predictor"], values))
+    rep.add_figure("shift_cifar10c", plots.metric_curves(df, "severity", CURVE_METRICS, "corruption severity",
+                                                         "CIFAR-10-C (mean and 95% CI over corruptions)"))
+
+
+# ============================================================================== adversarial
+def _adversarial(ctx: _Context, test_loader, attack_model, kept):
+    cfg, rep = ctx.cfg, ctx.rep
+    a = cfg.adversarial
+    if not a.enabled:
+        rep.skip("adversarial", "evaluation.adversarial.enabled=false", warn=False)
+        return
+    if attack_model is not None:
+        target, output = attack_model, a.attack_model_output
+    elif "map" in ctx.predictors:
+        target, output = ctx.predictors["map"], "probs"
+    else:
+        target = output = None
+
+    def sweep(section, attacked, out, preds):
+        batches, total = ctx.batches(test_loader, a.max_batches)
+        probs, y = fgsm_sweep(attacked, out, preds, batches, a.epsilons, ctx.input_range, ctx.device,
+                              desc=section, progress=cfg.progress, total=total)
+        rows = []
+        for eps, by_pred in probs.items():
+            for pname, p in by_pred.items():
+                m = M.classification_metrics(p, y, cfg.n_bins)
+                rep.add_metrics(_prefixed(section, f"eps_{_num(eps)}", pname, m))
+                rows.append({"predictor": pname, "eps": eps, **m})
+        return rows
+
+    if target is None:
+        rep.skip("fgsm_map", "no attack_model given and no 'map' predictor")
+    else:
+        df = pd.DataFrame(sweep("fgsm_map", target, output, ctx.predictors))
+        rep.add_table("fgsm_map", df)
+        rep.add_figure("fgsm_map", plots.metric_curves(df, "eps", ADV_METRICS, "epsilon",
+                                                       "FGSM against the MAP network"))
+    if a.attack_laplace:
+        rows = []
+        for pname, f in ctx.predictors.items():
+            try:
+                rows += sweep("fgsm_self", f, "probs", {pname: f})
+            except NotDifferentiableError as err:
+                rep.skip(f"fgsm_self/{pname}", str(err))
+        if rows:
+            df = pd.DataFrame(rows)
+            rep.add_table("fgsm_self", df)
+            rep.add_figure("fgsm_self", plots.metric_curves(df, "eps", ADV_METRICS, "epsilon",
+                                                            "FGSM against each predictor"))
+    else:
+        rep.skip("fgsm_self", "evaluation.adversarial.attack_laplace=false", warn=False)
+    _confmax(ctx, target, output, kept)
+
+
+def _confmax(ctx: _Context, target, output, kept):
+    cfg, rep = ctx.cfg, ctx.rep
+    a, cm = cfg.adversarial, cfg.adversarial.confmax
+    if not cm.enabled:
+        rep.skip("confmax", "evaluation.adversarial.confmax.enabled=false", warn=False)
+        return
+    if ctx.input_range is None:
+        rep.skip("confmax", "evaluation.input_range is null (no range to draw noise from)")
+        return
+    x0 = uniform_noise(cm.n_samples, tuple(kept.shape[1:]), ctx.input_range, ctx.rng)
+
+    def attack(model, out, eps):
+        chunks = []
+        for i in range(0, len(x0), cfg.chunk_size):
+            xc = x0[i : i + cfg.chunk_size].to(ctx.device)
+            chunks.append(confidence_max_attack(model, xc, eps, cm.steps, cm.step_size, ctx.input_range,
+                                                out).cpu())
+        return torch.cat(chunks)
+
+    rows = []
+    attacks = [("map", target, output, ctx.predictors)] if target is not None else []
+    if a.attack_laplace:
+        attacks += [(f"self:{n}", f, "probs", {n: f}) for n, f in ctx.predictors.items()]
+    for eps in tqdm(cm.epsilons, desc="confmax", disable=not cfg.progress):
+        for label, model, out, preds in attacks:
+            section = "confmax_map" if label == "map" else "confmax_self"
+            try:
+                x = attack(model, out, eps)
+            except NotDifferentiableError as err:
+                rep.skip(f"confmax/{label}/eps_{_num(eps)}", str(err))
+                continue
+            for pname, p in ctx.probs_of(x, f"{section} eps {_num(eps)}", preds).items():
+                m = {"conf": M.mean_confidence(p), "entropy": M.mean_entropy(p)}
+                rep.add_metrics(_prefixed(section, f"eps_{_num(eps)}", pname, m))
+                rows.append({"predictor": pname, "attack": section, "eps": eps, **m})
+    if rows:
+        df = pd.DataFrame(rows)
+        rep.add_table("confmax", df)
+        rep.add_figure("confmax", plots.metric_curves(df, "eps", ("conf", "entropy"), "epsilon",
+                                                      "confidence-maximising attack from noise",
+                                                      style="attack"))
+
+
+# ==================================================================================== toy 2-D
+def _toy2d(ctx: _Context, data, n_classes):
+    cfg, rep = ctx.cfg, ctx.rep
+    t = cfg.toy2d
+    if not t.enabled:
+        rep.skip("toy2d", "evaluation.toy2d.enabled=false", warn=False)
+        return
+    X, y = data
+    if X.ndim != 2 or X.shape[1] != 2:
+        rep.skip("toy2d", f"inputs are not 2-D points [N, 2] (shape {tuple(X.shape)})")
+        return
+    if t.class_index is not None and t.class_index >= n_classes:
+        raise ValueError(f"evaluation.toy2d.class_index={t.class_index} but there are {n_classes} classes")
+    figs, far = toy2d_contours(ctx.predictors, X, y, t.resolution, t.zoom_out, t.margin, t.class_index,
+                               chunk_size=max(cfg.chunk_size, 1024), device=ctx.device,
+                               return_far_confidence=True)
+    for name, fig in figs.items():
+        rep.add_figure(name, fig)
+    for pname, v in far.items():
+        rep.add_metrics({metric_key("toy2d", "far", pname, "conf"): v})
+
+
+# =============================================================================== regression
+def _regression(ctx: _Context, test_loader, target_mean, target_std, y_standardised):
+    cfg, rep = ctx.cfg, ctx.rep
+    batches, total = ctx.batches(test_loader)
+    outs, y, _ = run_predictors(ctx.predictors, batches, "regression", ctx.device, desc="test",
+                                progress=cfg.progress, total=total)
+    rows = []
+    nominal = sorted(set(cfg.regression.coverage_levels) | {round(0.05 * k, 2) for k in range(1, 20)})
+    for pname, (mean, var) in outs.items():
+        m = M.regression_metrics(mean, var, y, target_mean, target_std, cfg.regression.coverage_levels,
+                                 y_standardised)
+        rep.add_metrics(_prefixed("test", None, pname, m))
+        mo, vo, yo = M.to_original_units(mean, var, y, target_mean, target_std, y_standardised)
+        rows += [{"predictor": pname, "nominal": q, "observed": M.coverage(mo, vo, yo, q)} for q in nominal]
+    df = pd.DataFrame(rows)
+    rep.add_table("regression_coverage", df)
+    rep.add_figure("regression_coverage", plots.coverage_plot(df, "central-interval coverage (test)"))

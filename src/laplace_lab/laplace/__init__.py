@@ -1,0 +1,11 @@
+"""The Laplace engine (pure PyTorch): ``from laplace_lab.laplace import Laplace``."""
+
+from laplace_lab.laplace.curvature import CURVATURES
+from laplace_lab.laplace.laplace import Laplace
+from laplace_lab.laplace.likelihoods import LIKELIHOODS
+from laplace_lab.laplace.priors import PRIOR_STRUCTURES
+from laplace_lab.laplace.subset import SUBSETS
+
+HESSIAN_STRUCTURES = ("full", "diag", "kron")
+
+__all__ = ["Laplace", "LIKELIHOODS", "CURVATURES", "PRIOR_STRUCTURES", "SUBSETS", "HESSIAN_STRUCTURES"]

@@ -1,0 +1,16 @@
+"""Posterior structures: full, diagonal and Kronecker-factored (KFAC) curvature.
+
+Each structure accumulates curvature batch by batch from captured module inputs and output
+gradients (``accumulate``), finalises once per fit (``finalize``: e.g. KFAC eigendecompositions)
+and then answers every posterior query for a given curvature scale ``c = 1 / (sigma^2 T)`` and
+prior precision without another data pass.
+"""
+
+from laplace_lab.laplace.structures.base import Structure
+from laplace_lab.laplace.structures.diag import DiagStructure
+from laplace_lab.laplace.structures.full import FullStructure
+from laplace_lab.laplace.structures.kron import KronStructure
+
+STRUCTURES = {"full": FullStructure, "diag": DiagStructure, "kron": KronStructure}
+
+__all__ = ["Structure", "FullStructure", "DiagStructure", "KronStructure", "STRUCTURES"]

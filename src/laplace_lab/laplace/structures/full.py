@@ -1,0 +1,100 @@
+"""Full curvature ``H`` ``[P, P]``.
+
+Accumulation: ``H += V^T V`` with ``V`` ``[K N, P]`` the per-sample, per-factor gradients over the
+subset (from ``modules.per_sample_grads``; the full matrix is P x P anyway). A single Linear
+layer with 2-d input (the last-layer case) uses ``sum_n M_n (x) a_n a_n^T`` with
+``M_n = sum_k g_nk g_nk^T`` instead, so ``phi (x) I`` is never formed.
+Queries use a Cholesky factor of ``c H + diag(prior)`` computed per call (differentiable).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from laplace_lab.laplace.modules import _k_chunks, per_sample_grads, rows_in
+from laplace_lab.laplace.priors import to_diag
+from laplace_lab.laplace.structures.base import Structure
+
+
+def _linear_full_block(m: nn.Linear, names, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """GGN block of one Linear layer without Jacobians; ``a`` [N, d], ``g`` [K, N, C]."""
+    N, d = a.shape
+    C = g.shape[-1]
+    M = torch.einsum("kno,knq->noq", g, g)  # [N, C, C]
+    blocks = {}
+    if "weight" in names:
+        WW = a.new_zeros(C * C, d * d)
+        step = max(1, 2**24 // max(1, d * d))
+        for i in range(0, N, step):
+            aa = (a[i:i + step, :, None] * a[i:i + step, None, :]).reshape(-1, d * d)
+            WW += M[i:i + step].reshape(-1, C * C).T @ aa
+        blocks["WW"] = WW.reshape(C, C, d, d).permute(0, 2, 1, 3).reshape(C * d, C * d)
+    if "bias" in names:
+        blocks["bb"] = M.sum(0)
+    if len(names) == 2:
+        blocks["Wb"] = torch.einsum("noq,ni->oiq", M, a).reshape(C * d, C)
+        return torch.cat(
+            [torch.cat([blocks["WW"], blocks["Wb"]], 1), torch.cat([blocks["Wb"].T, blocks["bb"]], 1)], 0
+        )
+    return blocks["WW"] if "weight" in names else blocks["bb"]
+
+
+class FullStructure(Structure):
+    name = "full"
+
+    def reset(self):
+        self.H = torch.zeros(self.n_params, self.n_params, device=self.device, dtype=self.dtype)
+
+    def accumulate(self, records):
+        if len(self.entries) == 1 and isinstance(self.entries[0].module, nn.Linear):
+            calls = records[0].calls
+            if len(calls) == 1 and calls[0].args[0].ndim == 2:
+                a = rows_in(self.entries[0].module, calls[0].args[0])[:, 0]
+                self.H += _linear_full_block(self.entries[0].module, self.entries[0].names, a, calls[0].grad)
+                return
+        K, N = next(c.grad for r in records for c in r.calls).shape[:2]
+        for ks in _k_chunks(K, N, self.n_params):
+            cols = []
+            for e, r in zip(self.entries, records):
+                if not r.calls:
+                    cols += [p.new_zeros(len(range(K)[ks]) * N, p.numel()) for p in e.params]
+                    continue
+                psg = per_sample_grads(e.module, e.names, r.calls, ks)
+                cols += [psg[n].reshape(-1, getattr(e.module, n).numel()) for n in e.names]
+            V = torch.cat(cols, 1)
+            self.H += V.T @ V
+
+    def precision(self, c, prior):
+        """``[P, P]`` posterior precision."""
+        return c * self.H + torch.diag(to_diag(prior, self.sizes))
+
+    def cholesky(self, c, prior):
+        """Lower Cholesky factor ``L`` of the posterior precision (``P = L L^T``)."""
+        return torch.linalg.cholesky(self.precision(c, prior))
+
+    def covariance(self, c, prior):
+        return torch.cholesky_inverse(self.cholesky(c, prior))
+
+    def logdet(self, c, prior):
+        return 2 * self.cholesky(c, prior).diagonal().log().sum()
+
+    def sample(self, n, c, prior, generator=None):
+        L = self.cholesky(c, prior)
+        z = self._randn(self.n_params, n, generator=generator)
+        return torch.linalg.solve_triangular(L.T, z, upper=True).T
+
+    def functional_variance(self, Js, c, prior):
+        return torch.einsum("ncp,pq,nkq->nck", Js, self.covariance(c, prior), Js)
+
+    def posterior_variance(self, c, prior):
+        return self.covariance(c, prior).diagonal()
+
+    def dense_precision(self, c, prior):
+        return self.precision(c, prior)
+
+    def state_dict(self):
+        return {"H": self.H}
+
+    def load_state_dict(self, sd):
+        self.H = sd["H"].to(self.device, self.dtype)

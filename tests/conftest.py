@@ -1,0 +1,41 @@
+"""Shared fixtures: Hydra composition and the real-data directory.
+
+Real-data tests read ``LAPLACE_LAB_DATA_DIR``. When it is missing they are skipped on a
+developer machine, but they FAIL under CI (``CI`` set), so CI cannot pass without the data.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+
+@pytest.fixture
+def data_dir() -> Path:
+    """The directory with MNIST/, FashionMNIST/ and UCI/ (see ../shared/data/README.md)."""
+    value = os.environ.get("LAPLACE_LAB_DATA_DIR")
+    if value and Path(value, "MNIST").is_dir():
+        return Path(value)
+    message = f"real data not found: LAPLACE_LAB_DATA_DIR={value!r} has no MNIST/ folder"
+    if os.environ.get("CI"):
+        pytest.fail(message + " (CI must run the real-data tests)")
+    pytest.skip(message)
+
+
+def compose_config(overrides: list[str] | tuple[str, ...] = ()):
+    """Compose ``conf/train.yaml`` with ``overrides`` (no Hydra run directory)."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="train", overrides=list(overrides))
+
+
+@pytest.fixture
+def compose_cfg():
+    return compose_config

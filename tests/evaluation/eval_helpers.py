@@ -1,0 +1,94 @@
+"""Tiny synthetic data, models and predictors shared by the evaluation tests (CPU, seconds)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+torch.set_num_threads(1)
+
+IMG = (1, 8, 8)
+N_CLASSES = 3
+
+
+def make_images(n: int, seed: int) -> TensorDataset:
+    """Class c = a bright horizontal band in rows [2c, 2c+2) plus noise; pixels in [0, 1]."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, N_CLASSES, (n,), generator=g)
+    x = 0.3 * torch.rand((n, *IMG), generator=g)
+    for c in range(N_CLASSES):
+        x[y == c, :, 2 * c : 2 * c + 2, :] += 0.6
+    return TensorDataset(x.clamp(0, 1), y)
+
+
+def make_mlp(seed: int = 0, train_data: TensorDataset | None = None, steps: int = 60) -> nn.Module:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, N_CLASSES))
+    if train_data is not None:
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        x, y = train_data.tensors
+        for _ in range(steps):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    return model.eval()
+
+
+class TemperedSoftmax:
+    """A stand-in for a Laplace predictive: softmax(logits / T), differentiable in x."""
+
+    def __init__(self, model: nn.Module, temperature: float = 3.0):
+        self.model, self.temperature = model, temperature
+
+    def __call__(self, x):
+        return torch.softmax(self.model(x) / self.temperature, -1)
+
+
+def read_wandb_keys(run_dir) -> set[str]:
+    """Keys of every history/summary record in an offline run's ``run-*.wandb`` file.
+
+    The file is a LevelDB-style log (7-byte ``:W&B`` header, 32 KiB blocks, records with a
+    7-byte header ``crc32 u32, length u16, type u8``; types full/first/middle/last) of
+    ``wandb_internal_pb2.Record`` protobufs. wandb >= 0.19 has no Python reader for it.
+    """
+    import struct
+    from pathlib import Path
+
+    from wandb.proto import wandb_internal_pb2
+
+    (path,) = Path(run_dir).glob("run-*.wandb")
+    buf = path.read_bytes()
+    assert buf[:4] == b":W&B", "not a wandb transaction log"
+    block, off, records, partial = 32768, 7, [], b""
+    while off + 7 <= len(buf):
+        left = block - off % block
+        if left < 7:
+            off += left
+            continue
+        _, n, kind = struct.unpack("<IHB", buf[off : off + 7])
+        data = buf[off + 7 : off + 7 + n]
+        off += 7 + n
+        if kind == 1:
+            records.append(data)
+        elif kind == 2:
+            partial = data
+        elif kind == 3:
+            partial += data
+        elif kind == 4:
+            records.append(partial + data)
+        else:
+            break
+    keys = set()
+    for data in records:
+        rec = wandb_internal_pb2.Record()
+        rec.ParseFromString(data)
+        kind = rec.WhichOneof("record_type")
+        items = rec.history.item if kind == "history" else rec.summary.update if kind == "summary" else []
+        for item in items:
+            keys.add(item.key or item.nested_key[0])
+    return keys

@@ -1,0 +1,58 @@
+"""The MAP objective: mean NLL / T + 0.5 sum_g delta_g ||theta_g||^2 / N."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from laplace_lab.training import MAPModule
+from laplace_lab.training.nll import summed_nll
+
+
+def make_module(likelihood="regression", prior=None, n_out=2, **kw):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, n_out))
+    return MAPModule(model, likelihood, n_data=50, optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                     prior_precision=prior if prior is not None else 1.0, **kw)
+
+
+def test_loss_matches_hand_computation():
+    delta = torch.tensor([0.5, 1.0, 2.0, 3.0])
+    module = make_module(prior=delta, sigma_noise=0.7, temperature=2.0)
+    x, y = torch.randn(8, 3), torch.randn(8, 2)
+    loss = module.training_step((x, y), 0)
+    f = module.model(x)
+    nll = (0.5 * ((f - y) ** 2).sum() / 0.49 + 0.5 * 16 * math.log(2 * math.pi * 0.49)) / 8
+    prior = 0.5 * sum(d * p.pow(2).sum() for d, p in zip(delta, module.model.parameters()))
+    assert torch.allclose(loss, nll / 2.0 + prior / 50, rtol=1e-5)
+
+
+def test_diagonal_prior_and_bad_shape():
+    module = make_module()
+    n_params = sum(p.numel() for p in module.model.parameters())
+    module.set_prior_precision(torch.full((n_params,), 2.0))
+    theta = torch.cat([p.flatten() for p in module.model.parameters()])
+    assert torch.allclose(module.prior_term(), theta.pow(2).sum())
+    with pytest.raises(ValueError, match="allowed: 1, 4"):
+        module.set_prior_precision(torch.ones(7))
+
+
+def test_heteroscedastic_nll_is_gaussian():
+    mu, var = torch.tensor([[0.3]]), torch.tensor([[0.5]])
+    eta2 = -1 / (2 * var)
+    eta1 = -2 * eta2 * mu
+    raw = torch.log(torch.expm1(-eta2))  # inverse softplus
+    y = torch.tensor([[1.1]])
+    expected = -torch.distributions.Normal(mu, var.sqrt()).log_prob(y).sum()
+    got = summed_nll(torch.cat([eta1, raw], -1), y, "heteroscedastic_regression")
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_hyperparameters_are_buffers_not_parameters():
+    module = make_module()
+    names = {n for n, _ in module.named_parameters()}
+    assert not any("prior" in n or "sigma" in n for n in names)
+    assert "prior_precision" in dict(module.named_buffers()) and "log_sigma_noise" in dict(module.named_buffers())
