@@ -5,9 +5,17 @@ Each check raises ``ValueError`` with the option's name and the allowed values.
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 LIKELIHOOD_CHOICES = ("auto", "classification", "regression", "heteroscedastic_regression")
+SUBSETS = ("all", "last_layer")
+STRUCTURES = ("full", "diag", "kron")
+CURVATURE_TYPES = ("ggn", "ef", "mc_fisher")
+PRIOR_STRUCTURES = ("scalar", "layerwise", "diagonal")
+MARGLIK_MODES = ("off", "online", "posthoc")
+POSTHOC_PRIOR = ("none", "marglik", "gridsearch")
+PRED_TYPES = ("map", "glm", "nn")
+LINKS = ("probit", "mc", "bridge")
 
 
 def _require(condition: bool, message: str) -> None:
@@ -20,7 +28,7 @@ def validate_config(cfg: DictConfig) -> None:
     _require(cfg.likelihood in LIKELIHOOD_CHOICES,
              f"likelihood={cfg.likelihood!r} is not supported; allowed: {list(LIKELIHOOD_CHOICES)}")
     _require(isinstance(cfg.seed, int) and cfg.seed >= 0, f"seed must be a non-negative integer; got {cfg.seed!r}")
-    for name in ("prior_precision", "sigma_noise", "temperature"):
+    for name in ("sigma_noise", "temperature"):
         value = cfg.get(name)
         _require(isinstance(value, (int, float)) and value > 0, f"{name} must be a positive number; got {value!r}")
     weight_decay = cfg.optimizer.get("weight_decay", 0.0)
@@ -31,3 +39,49 @@ def validate_config(cfg: DictConfig) -> None:
     )
     _require(cfg.trainer.max_epochs is None or cfg.trainer.max_epochs >= 1,
              f"trainer.max_epochs must be >= 1; got {cfg.trainer.max_epochs}")
+    validate_laplace_config(cfg)
+
+
+def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> str:
+    value = OmegaConf.select(cfg, key)
+    _require(value in allowed, f"{key}={value!r} is not supported; allowed: {list(allowed)}")
+    return value
+
+
+def validate_laplace_config(cfg: DictConfig) -> None:
+    """The curvature x prior x marglik x predictive combination."""
+    _choice(cfg, "curvature.subset_of_weights", SUBSETS)
+    structure = _choice(cfg, "curvature.hessian_structure", STRUCTURES)
+    curvature_type = _choice(cfg, "curvature.type", CURVATURE_TYPES)
+    prior = _choice(cfg, "prior.structure", PRIOR_STRUCTURES)
+    mode = _choice(cfg, "marglik.mode", MARGLIK_MODES)
+    pred_type = _choice(cfg, "predictive.pred_type", PRED_TYPES)
+    _choice(cfg, "predictive.link_approx", LINKS)
+    delta = cfg.prior.prior_precision
+    _require(isinstance(delta, (int, float)) and delta > 0, f"prior.prior_precision must be a positive number; got {delta!r}")
+    _require(int(cfg.curvature.n_mc_samples) >= 1, f"curvature.n_mc_samples must be >= 1; got {cfg.curvature.n_mc_samples}")
+    _require(
+        not (structure == "kron" and prior == "diagonal"),
+        "prior.structure='diagonal' does not fit curvature.hessian_structure='kron' (the KFAC log-determinant "
+        "is exact only for one precision per layer); allowed with kron: ['scalar', 'layerwise'], or use "
+        "curvature=diag / curvature=full for a diagonal prior",
+    )
+    posthoc = cfg.marglik.get("posthoc_prior", "none")
+    _require(posthoc in POSTHOC_PRIOR, f"marglik.posthoc_prior={posthoc!r} is not supported; allowed: {list(POSTHOC_PRIOR)}")
+    if mode == "online":
+        for key in ("frequency", "n_steps"):
+            _require(int(cfg.marglik[key]) >= 1, f"marglik.{key} must be >= 1; got {cfg.marglik[key]}")
+        _require(int(cfg.marglik.burnin) >= 0, f"marglik.burnin must be >= 0; got {cfg.marglik.burnin}")
+        _require(cfg.marglik.log_min < cfg.marglik.log_max, "marglik.log_min must be < marglik.log_max")
+        fused = cfg.marglik.get("fused", False)
+        _require(
+            not fused or (curvature_type in ("ef", "mc_fisher") and structure in ("kron", "diag")
+                          and cfg.curvature.subset_of_weights == "all"),
+            "marglik.fused=true needs curvature.type in ['ef', 'mc_fisher'], curvature.hessian_structure in "
+            f"['kron', 'diag'] and curvature.subset_of_weights='all'; got type={curvature_type!r}, "
+            f"structure={structure!r}, subset={cfg.curvature.subset_of_weights!r}",
+        )
+    _require(
+        not (posthoc == "gridsearch" and pred_type == "map"),
+        "marglik.posthoc_prior='gridsearch' needs a Laplace predictive; allowed predictive.pred_type: ['glm', 'nn']",
+    )

@@ -25,6 +25,8 @@ from laplace_lab.config_validation import validate_config
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.run_loggers import build_loggers
 from laplace_lab.training import MAPModule
+from laplace_lab.training.online_marglik import OnlineMarglik
+from laplace_lab.training.posthoc import fit_posthoc_laplace, laplace_kwargs, needs_posthoc_laplace
 
 log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -67,11 +69,30 @@ def build(cfg: DictConfig) -> tuple[LabDataModule, MAPModule]:
         n_data=datamodule.n_train,
         optimizer=instantiate(cfg.optimizer),
         lr_scheduler=scheduler,
-        prior_precision=cfg.prior_precision,
+        prior_precision=cfg.prior.prior_precision,
         sigma_noise=cfg.sigma_noise,
         temperature=cfg.temperature,
     )
     return datamodule, module
+
+
+def build_callbacks(cfg: DictConfig, output_dir: Path) -> list[pl.Callback]:
+    """Online marglik (``marglik=online``) and checkpointing (``checkpoint.enabled``)."""
+    callbacks: list[pl.Callback] = []
+    if cfg.marglik.mode == "online":
+        m = cfg.marglik
+        callbacks.append(OnlineMarglik(
+            laplace_kwargs(cfg.curvature), prior_structure=cfg.prior.structure, frequency=m.frequency,
+            n_steps=m.n_steps, burnin=m.burnin, lr_hyp=m.lr_hyp, lr_hyp_min=m.lr_hyp_min,
+            optimize_sigma=m.optimize_sigma, early_stopping=m.early_stopping, log_min=m.log_min,
+            log_max=m.log_max, fit_batch_size=cfg.curvature.get("fit_batch_size"),
+        ))
+    if cfg.checkpoint.enabled:
+        callbacks.append(pl.callbacks.ModelCheckpoint(
+            dirpath=cfg.checkpoint.dirpath or str(output_dir / "checkpoints"), every_n_epochs=cfg.checkpoint.every_n_epochs,
+            save_last=True, save_top_k=-1, filename="epoch{epoch}", auto_insert_metric_name=False,
+        ))
+    return callbacks
 
 
 def test_metrics_in_original_units(module: MAPModule, datamodule: LabDataModule) -> dict[str, float]:
@@ -119,13 +140,18 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     pl.seed_everything(cfg.seed, workers=True)
     datamodule, module = build(cfg)
     loggers = build_loggers(cfg, output_dir)
-    trainer = pl.Trainer(**cfg.trainer, logger=loggers, default_root_dir=str(output_dir), enable_checkpointing=False)
+    callbacks = build_callbacks(cfg, output_dir)
+    trainer = pl.Trainer(**cfg.trainer, logger=loggers, default_root_dir=str(output_dir), callbacks=callbacks,
+                         enable_checkpointing=cfg.checkpoint.enabled)
     start = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.checkpoint.resume_from)
     metrics = {"time/fit_s": time.perf_counter() - start}
     metrics.update(test_metrics_in_original_units(module, datamodule))
-    if module.likelihood != "classification":
+    if module.likelihood == "regression":
         metrics["hparams/sigma_noise"] = module.sigma_noise.item()
+    if needs_posthoc_laplace(cfg):
+        _, la_metrics = fit_posthoc_laplace(cfg, module, datamodule)
+        metrics.update(la_metrics)
     for logger in loggers:
         logger.log_metrics(metrics, step=trainer.global_step)
         logger.finalize("success")

@@ -92,3 +92,18 @@ def read_wandb_keys(run_dir) -> set[str]:
         for item in items:
             keys.add(item.key or item.nested_key[0])
     return keys
+
+
+def write_fake_cifar10c(root, corruptions=("fog", "snow"), per_severity=4):
+    """Files in the layout of the CIFAR-10-C release, ``per_severity`` images per severity."""
+    import numpy as np
+
+    d = root / "CIFAR-10-C"
+    d.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    np.save(d / "labels.npy", np.tile(np.arange(per_severity) % 10, 5).astype(np.uint8))
+    for c in corruptions:
+        imgs = rng.integers(0, 256, size=(5 * per_severity, 32, 32, 3), dtype=np.uint8)
+        imgs[:, 0, 0, 0] = np.repeat(np.arange(5), per_severity)  # severity marker
+        np.save(d / f"{c}.npy", imgs)
+    return d

@@ -2,16 +2,16 @@
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 import torch
-from eval_helpers import IMG, read_wandb_keys
+from eval_helpers import read_wandb_keys, write_fake_cifar10c
 from pytorch_lightning.loggers import CSVLogger, WandbLogger
-from test_shift_ood import write_fake_cifar10c
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from laplace_lab.evaluation import run_evaluation, validate_config
+from laplace_lab.evaluation import run_evaluation, toy2d_contours, validate_config
 from laplace_lab.evaluation.predict import eval_mode
 
 SMALL = {
@@ -83,6 +83,10 @@ def test_full_classification_run_logs_everywhere(tmp_path, image_setup):
     wandb_keys = read_wandb_keys(run_dir.rsplit("/files", 1)[0])
     assert not set(metrics) - wandb_keys
     assert {f"figures/{n}" for n in figures} | {"tables/reliability", "tables/fgsm_map"} <= wandb_keys
+    (table_file,) = Path(run_dir).glob("media/table/tables/reliability_*.table.json")
+    table = json.loads(table_file.read_text())
+    assert table["columns"] == ["predictor", "bin_center", "accuracy", "confidence", "count"]
+    assert len(table["data"]) == 2 * 10  # predictors x bins
 
 
 def test_regression_run(tmp_path):
@@ -124,15 +128,15 @@ def test_toy2d_run(tmp_path):
         nn.functional.cross_entropy(net(X), y).backward()
         opt.step()
     preds = {"map": lambda z: torch.softmax(net(z), -1), "la": lambda z: torch.softmax(net(z) / 50, -1)}
-    cfg = {"progress": False, "input_range": None, "ood": {"noise": False}, "toy2d": {"enabled": True, "resolution": 25}}
+    cfg = {"progress": False, "toy2d": {"enabled": True, "resolution": 25}}
     metrics = run_evaluation(cfg, "classification", preds, DataLoader(TensorDataset(X, y), batch_size=50),
-                             attack_model=net, out_dir=tmp_path)
+                             attack_model=net, out_dir=tmp_path, input_range=None)  # the data's range wins
     for name in ("toy2d_zoom_in", "toy2d_zoom_out", "reliability", "confidence_hist"):
         assert _png_ok(tmp_path / "figures" / f"{name}.png"), name
     assert metrics["toy2d/far/map/conf"] > 0.95 > metrics["toy2d/far/la/conf"]
     report = json.loads((tmp_path / "eval_report.json").read_text())
     assert "inputs are not images" in report["skipped"]["shift/rotation"]
-    assert "input_range is null" not in json.dumps(report["skipped"])  # noise was switched off
+    assert "unbounded" in report["skipped"]["ood/noise"]
 
 
 def test_cifar10c_through_runner(tmp_path):
@@ -172,8 +176,25 @@ def test_bad_inputs_raise(tmp_path, image_setup):
         validate_config({"n_bins": 0})
 
 
+def test_toy2d_contours_needs_2d_inputs():
+    with pytest.raises(ValueError, match=r"2-D inputs \[N, 2\]"):
+        toy2d_contours({"p": lambda z: torch.softmax(z[:, :2], -1)}, torch.rand(5, 3), torch.zeros(5))
+
+
 def test_eval_mode_restores_training_flag():
     net = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5)).train()
     with eval_mode(net, lambda x: x):
         assert not net.training
     assert net.training
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_runs_on_cuda(tmp_path, image_data):
+    from eval_helpers import TemperedSoftmax, make_mlp
+
+    train, test = image_data
+    model = make_mlp(0, train).cuda()
+    predictors = {"map": lambda x: torch.softmax(model(x), -1), "la": TemperedSoftmax(model)}
+    metrics = run_evaluation(SMALL, "classification", predictors, DataLoader(test, batch_size=32), {}, model,
+                             tmp_path)  # device inferred from the model's parameters
+    assert metrics["test/map/acc"] > 0.9 and "fgsm_self/eps_0.3/la/acc" in metrics

@@ -1,8 +1,8 @@
 """Rotated views, CIFAR-10-C loading and generated OOD inputs."""
 
-import numpy as np
 import pytest
 import torch
+from eval_helpers import write_fake_cifar10c
 
 from laplace_lab.evaluation.ood import far_away, uniform_noise
 from laplace_lab.evaluation.shift import cifar10c_status, load_cifar10c, rotate_images
@@ -15,18 +15,6 @@ def test_rotate_90_and_180_match_rot90():
     assert torch.equal(rotate_images(x, 180), torch.rot90(x, 2, dims=(2, 3)))
     with pytest.raises(ValueError, match="image batches"):
         rotate_images(torch.rand(3, 2), 15)
-
-
-def write_fake_cifar10c(root, corruptions=("fog", "snow"), per_severity=4):
-    d = root / "CIFAR-10-C"
-    d.mkdir(parents=True)
-    rng = np.random.default_rng(0)
-    np.save(d / "labels.npy", np.tile(np.arange(per_severity) % 10, 5).astype(np.uint8))
-    for c in corruptions:
-        imgs = rng.integers(0, 256, size=(5 * per_severity, 32, 32, 3), dtype=np.uint8)
-        imgs[:, 0, 0, 0] = np.repeat(np.arange(5), per_severity)  # severity marker
-        np.save(d / f"{c}.npy", imgs)
-    return d
 
 
 def test_cifar10c_loader_and_status(tmp_path):

@@ -61,7 +61,9 @@ def test_uci_split_out_of_range(tmp_path, data_dir, no_training):
     [
         ("optimizer.weight_decay=0.01", r"optimizer.weight_decay.*allowed: 0"),
         ("likelihood=poisson", r"likelihood='poisson'.*allowed"),
-        ("prior_precision=-1", r"prior_precision must be a positive"),
+        ("prior.prior_precision=-1", r"prior.prior_precision must be a positive"),
+        ("prior=diagonal", r"prior.structure=.diagonal. does not fit curvature.hessian_structure=.kron."),
+        ("curvature.type=hessian", r"curvature.type=.hessian.*allowed"),
         ("model.activation=swish9", r"model.activation='swish9'.*allowed"),
     ],
 )

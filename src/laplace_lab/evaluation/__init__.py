@@ -36,6 +36,18 @@ logger=..., **kw) -> {key: float}`` with keys ``<section>/<view>/<predictor>/<me
 (``test/<predictor>/<metric>``); the full key table is in ``runner``'s docstring. Call
 ``validate_config(cfg.evaluation)`` when the config is composed to fail early on bad values.
 
+Example (``train.py``, after fitting)::
+
+    from laplace_lab.evaluation import run_evaluation, validate_config
+    eval_cfg = validate_config(cfg.evaluation)          # at compose time: fail early
+    predictors = {"map": lambda x: model(x).softmax(-1),
+                  "la": lambda x: la(x, pred_type="glm", link_approx="probit")}
+    metrics = run_evaluation(eval_cfg, dm.task, predictors, dm.test_dataloader(),
+                             dm.ood_dataloaders(), attack_model=model, out_dir=hydra_run_dir,
+                             logger=trainer.loggers, dataset=cfg.data.name,
+                             data_dir=cfg.paths.data_dir, input_range=dm.input_range,
+                             target_mean=dm.target_mean, target_std=dm.target_std)
+
 Modules: ``config`` (validation), ``metrics``, ``predict`` (running predictors), ``ood``,
 ``shift``, ``adversarial``, ``toy2d``, ``plots``, ``report`` (loggers and files), ``runner``.
 """

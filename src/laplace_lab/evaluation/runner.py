@@ -102,21 +102,23 @@ class _Context:
         mb = max_batches if max_batches is not None else self.cfg.max_test_batches
         return limit(loader, mb), n_batches(loader, mb)
 
-    def probs(self, batches_total, desc, predictors=None, keep_inputs=0):
+    def probs(self, batches_total, desc, predictors=None, keep_inputs=0, inner=False):
+        """Probabilities over loader batches; ``inner=True`` inside an outer progress bar (no bar)."""
         batches, total = batches_total
         return run_predictors(predictors or self.predictors, batches, "classification", self.device,
-                              keep_inputs=keep_inputs, desc=desc, progress=self.cfg.progress, total=total)
+                              keep_inputs=keep_inputs, desc=desc, progress=self.cfg.progress and not inner,
+                              total=total)
 
     def probs_of(self, x: Tensor, desc: str, predictors=None) -> dict[str, Tensor]:
-        return predict_probs(predictors or self.predictors, x, self.cfg.chunk_size, self.device, desc,
-                             self.cfg.progress)
+        """Probabilities on an in-memory tensor (generated inputs; no progress bar)."""
+        return predict_probs(predictors or self.predictors, x, self.cfg.chunk_size, self.device, desc, False)
 
 
 def run_evaluation(cfg: Any, task: str, predictors: dict[str, Callable], test_loader: DataLoader,
                    ood_loaders: dict[str, DataLoader] | None = None, attack_model: Callable | None = None,
                    out_dir: str | Path = ".", logger: Any = None, *, target_mean=0.0, target_std=1.0,
                    y_standardised: bool = True, dataset: str | None = None, data_dir: str | None = None,
-                   input_range: tuple[float, float] | None = None, toy_data: tuple[Tensor, Tensor] | None = None,
+                   input_range: tuple[float, float] | None | str = "config", toy_data: tuple[Tensor, Tensor] | None = None,
                    device: str | torch.device | None = None, step: int | None = None) -> dict[str, float]:
     """Evaluate every predictor; log to ``logger`` (one Lightning logger or a list) and ``out_dir``.
 
@@ -135,7 +137,8 @@ def run_evaluation(cfg: Any, task: str, predictors: dict[str, Callable], test_lo
         dataset: in-distribution dataset name (``cifar10`` enables CIFAR-10-C).
         data_dir: data root for CIFAR-10-C (else ``evaluation.shift.cifar10c.data_dir``, else
             ``$LAPLACE_LAB_DATA_DIR``, else ``data``).
-        input_range: valid input range; overrides ``evaluation.input_range`` when given.
+        input_range: valid input range ``(low, high)``, or ``None`` for unbounded inputs (the data
+            module's ``input_range``); the default ``"config"`` uses ``evaluation.input_range``.
         toy_data: ``(X [N, 2], y [N])`` drawn on the toy contour plots (default: the test set).
         device: where inputs are sent (default: the device of the first ``nn.Module`` parameter).
         step: step passed to the loggers.
@@ -153,7 +156,12 @@ def run_evaluation(cfg: Any, task: str, predictors: dict[str, Callable], test_lo
         return rep.finalize(config_to_dict(ecfg))
     device = torch.device(device) if device is not None else _default_device(attack_model, predictors)
     rng = torch.Generator().manual_seed(ecfg.seed)
-    in_range = tuple(float(v) for v in input_range) if input_range is not None else ecfg.input_range
+    if isinstance(input_range, str):
+        if input_range != "config":
+            raise ValueError(f"input_range={input_range!r}; allowed: (low, high), None or 'config'")
+        in_range = ecfg.input_range
+    else:
+        in_range = None if input_range is None else validate_config({"input_range": list(input_range)}).input_range
     ctx = _Context(ecfg, predictors, rep, device, in_range, rng)
     try:
         with eval_mode(attack_model, *predictors.values()):
@@ -201,6 +209,10 @@ def _ood(ctx: _Context, probs_in, kept, ood_loaders, dataset):
         return
     sets: dict[str, dict[str, Tensor]] = {}
     names = list(ood_loaders) if cfg.ood.datasets is None else list(cfg.ood.datasets)
+    clash = [n for n, on in (("noise", cfg.ood.noise), ("far_away", cfg.ood.far_away)) if on and n in names]
+    if clash:
+        raise ValueError(f"OOD loader name(s) {clash} clash with the generated OOD sets; rename the loaders "
+                         "or set evaluation.ood.noise / evaluation.ood.far_away to false")
     for name in names:
         if name not in ood_loaders:
             rep.skip(f"ood/{name}", f"no loader for OOD set {name!r} (given: {sorted(ood_loaders)})")
@@ -209,7 +221,7 @@ def _ood(ctx: _Context, probs_in, kept, ood_loaders, dataset):
     n = min(cfg.ood.n_generated, len(kept))
     if cfg.ood.noise:
         if ctx.input_range is None:
-            rep.skip("ood/noise", "evaluation.input_range is null (no range to draw noise from)")
+            rep.skip("ood/noise", "inputs are unbounded (input_range is None): no range to draw noise from")
         else:
             x = uniform_noise(cfg.ood.n_generated, tuple(kept.shape[1:]), ctx.input_range, ctx.rng)
             sets["noise"] = ctx.probs_of(x, "ood/noise")
@@ -247,7 +259,7 @@ def _rotation(ctx: _Context, test_loader, kept):
     rows = []
     for angle in tqdm(rc.angles, desc="rotation", disable=not cfg.progress):
         batches, total = ctx.batches(test_loader, rc.max_batches)
-        probs, y, _ = ctx.probs((rotated_batches(batches, angle), total), f"rot {_num(angle)}")
+        probs, y, _ = ctx.probs((rotated_batches(batches, angle), total), f"rot {_num(angle)}", inner=True)
         for pname, p in probs.items():
             m = M.classification_metrics(p, y, cfg.n_bins)
             rep.add_metrics(_prefixed("shift", f"rot_{_num(angle)}", pname, m))
@@ -278,7 +290,7 @@ def _cifar10c(ctx: _Context, dataset, data_dir):
     for corruption in tqdm(present, desc="cifar10c", disable=not cfg.progress):
         for sev in c.severities:
             loader = DataLoader(load_cifar10c(root, corruption, sev, c.max_items), batch_size=cfg.chunk_size)
-            probs, y, _ = ctx.probs((iter(loader), len(loader)), f"{corruption} s{sev}")
+            probs, y, _ = ctx.probs((iter(loader), len(loader)), f"{corruption} s{sev}", inner=True)
             for pname, p in probs.items():
                 rows.append({"predictor": pname, "corruption": corruption, "severity": sev,
                              **M.classification_metrics(p, y, cfg.n_bins)})
@@ -349,7 +361,7 @@ def _confmax(ctx: _Context, target, output, kept):
         rep.skip("confmax", "evaluation.adversarial.confmax.enabled=false", warn=False)
         return
     if ctx.input_range is None:
-        rep.skip("confmax", "evaluation.input_range is null (no range to draw noise from)")
+        rep.skip("confmax", "inputs are unbounded (input_range is None): no range to draw noise from")
         return
     x0 = uniform_noise(cm.n_samples, tuple(kept.shape[1:]), ctx.input_range, ctx.rng)
 
@@ -365,6 +377,9 @@ def _confmax(ctx: _Context, target, output, kept):
     attacks = [("map", target, output, ctx.predictors)] if target is not None else []
     if a.attack_laplace:
         attacks += [(f"self:{n}", f, "probs", {n: f}) for n, f in ctx.predictors.items()]
+    if not attacks:
+        rep.skip("confmax", "nothing to attack: no attack_model, no 'map' predictor, attack_laplace=false")
+        return
     for eps in tqdm(cm.epsilons, desc="confmax", disable=not cfg.progress):
         for label, model, out, preds in attacks:
             section = "confmax_map" if label == "map" else "confmax_self"

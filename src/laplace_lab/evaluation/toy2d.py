@@ -56,7 +56,8 @@ def _draw(xx, yy, values, X, y, class_index, n_classes, title) -> Figure:
     fig, axes = new_figure(1, len(names), size=(3.4, 3.0), sharex=True, sharey=True)
     lo = 0.0 if class_index is not None else 1.0 / n_classes
     levels = np.linspace(lo, 1.0, 11)
-    palette = sns.color_palette("colorblind", n_classes)
+    palette = sns.color_palette("bright", n_classes)
+    markers = "osD^vP*X<>"
     X, y = X.numpy(), y.numpy()
     cs = None
     for j, name in enumerate(names):
@@ -64,10 +65,11 @@ def _draw(xx, yy, values, X, y, class_index, n_classes, title) -> Figure:
         cs = ax.contourf(xx, yy, np.clip(values[name], lo, 1.0), levels=levels, cmap="viridis")
         for c in range(n_classes):
             m = y == c
-            ax.scatter(X[m, 0], X[m, 1], s=6, color=palette[c], edgecolor="white", linewidth=0.2)
+            ax.scatter(X[m, 0], X[m, 1], s=9, color=palette[c], marker=markers[c % len(markers)],
+                       edgecolor="black", linewidth=0.3)
         ax.set(title=name, xlim=(xx.min(), xx.max()), ylim=(yy.min(), yy.max()))
     label = "max confidence" if class_index is None else f"p(class {class_index})"
-    fig.colorbar(cs, ax=axes.ravel().tolist(), label=label, shrink=0.9)
+    fig.colorbar(cs, ax=axes.ravel().tolist(), label=label, shrink=0.9, format="%.2f")
     fig.suptitle(title)
     return fig
 

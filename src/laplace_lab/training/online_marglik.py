@@ -1,0 +1,230 @@
+"""Online marginal-likelihood hyperparameter optimisation (Immer et al. 2021, Algorithm 1).
+
+Every ``frequency`` epochs after ``burnin`` epochs, at the end of a training epoch: fit a
+Laplace approximation at the current weights on the training data, then take ``n_steps`` Adam
+steps (rate ``lr_hyp``, optional cosine decay to ``lr_hyp_min`` over the run's hyper steps) on
+the negative log marginal likelihood w.r.t. the log prior precisions and, for regression, the
+log noise std. The new values go straight into the module's buffers, so the next training
+step's loss uses them.
+
+Temperature convention: the training loss is ``NLL / T + prior / N`` per datum and the Laplace
+posterior precision is ``H / (sigma^2 T) + P0``; both use the module's ``temperature``.
+
+Robustness: a hyper step whose marglik or gradient is not finite is rejected (values and
+optimiser state before it are kept), counted and logged; training goes on. Log hyperparameters
+are clamped to ``[log_min, log_max]`` (default ``[-12, 12]`` i.e. precisions / sigmas within
+``[6e-6, 1.6e5]``) so no step can make the training loss overflow.
+
+Early stopping on the marglik (``early_stopping=True``, as in the paper): the weights and
+hyperparameters with the best marglik are kept and restored when training ends.
+The callback's state (log hyperparameters, Adam state, schedule position, best marglik and
+best weights) is saved in Lightning checkpoints, so a resumed run follows the same trajectory.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+
+import pytorch_lightning as pl
+import torch
+
+from laplace_lab.laplace import Laplace
+from laplace_lab.training.hyperparameters import (
+    PRIOR_STRUCTURES,
+    initial_log_prior,
+    subset_tensor_indices,
+    write_prior,
+)
+from laplace_lab.training.module import MAPModule
+
+
+def marglik_epochs(max_epochs: int, burnin: int, frequency: int) -> list[int]:
+    """1-based epochs after which a marglik step runs: ``e >= burnin`` and ``(e - burnin) % F == 0``."""
+    return [e for e in range(1, max_epochs + 1) if e >= max(burnin, 1) and (e - burnin) % frequency == 0]
+
+
+class OnlineMarglik(pl.Callback):
+    """Lightning callback for Algorithm 1. See the module docstring for conventions.
+
+    Args:
+        laplace_kwargs: ``subset_of_weights``, ``hessian_structure``, ``curvature``,
+            ``n_mc_samples`` passed to ``Laplace``.
+        prior_structure: ``scalar`` | ``layerwise`` | ``diagonal``.
+        frequency, n_steps, burnin: F, K, B of Algorithm 1.
+        lr_hyp, lr_hyp_min: Adam rate and the cosine schedule's final rate (``None``: constant).
+        optimize_sigma: also learn the noise std (regression only).
+        early_stopping: restore the best-marglik weights and hyperparameters at the end.
+        log_min, log_max: clamp range of every log hyperparameter.
+        fit_batch_size: batch size of the Laplace fit's data pass (``None``: training batch size).
+    """
+
+    def __init__(self, laplace_kwargs: dict, prior_structure: str = "layerwise", frequency: int = 1,
+                 n_steps: int = 100, burnin: int = 0, lr_hyp: float = 0.1, lr_hyp_min: float | None = None,
+                 optimize_sigma: bool = True, early_stopping: bool = True, log_min: float = -12.0,
+                 log_max: float = 12.0, fit_batch_size: int | None = None):
+        super().__init__()
+        if prior_structure not in PRIOR_STRUCTURES:
+            raise ValueError(f"prior.structure={prior_structure!r}; allowed: {list(PRIOR_STRUCTURES)}")
+        if frequency < 1 or n_steps < 1 or burnin < 0:
+            raise ValueError("marglik.frequency >= 1, marglik.n_steps >= 1 and marglik.burnin >= 0 are required")
+        self.laplace_kwargs = dict(laplace_kwargs)
+        self.prior_structure = prior_structure
+        self.frequency, self.n_steps, self.burnin = frequency, n_steps, burnin
+        self.lr_hyp, self.lr_hyp_min = lr_hyp, lr_hyp_min
+        self.optimize_sigma = optimize_sigma
+        self.early_stopping = early_stopping
+        self.log_min, self.log_max = log_min, log_max
+        self.fit_batch_size = fit_batch_size
+        self.log_prior: torch.Tensor | None = None
+        self.log_sigma: torch.Tensor | None = None
+        self.hyper_optimizer: torch.optim.Adam | None = None
+        self.hyper_steps_done = 0
+        self.n_rejected = 0
+        self.best_marglik = -math.inf
+        self.best_state: dict | None = None
+        self.history: list[dict] = []
+
+    # --- setup ------------------------------------------------------------------------------
+    def _make_laplace(self, module: MAPModule) -> Laplace:
+        return Laplace(
+            module.model, module.likelihood, prior_precision=1.0, prior_structure=self.prior_structure,
+            temperature=module.temperature, seed=self.hyper_steps_done, **self.laplace_kwargs,
+        )
+
+    def _init_hyperparameters(self, module: MAPModule, la: Laplace) -> None:
+        device = module.prior_precision.device
+        self.log_prior = initial_log_prior(module.prior_precision, module.model, la.params, self.prior_structure)
+        self.log_prior = self.log_prior.detach().to(device).requires_grad_(True)
+        params = [self.log_prior]
+        if self.optimize_sigma and module.likelihood == "regression":
+            self.log_sigma = module.log_sigma_noise.detach().clone().requires_grad_(True)
+            params.append(self.log_sigma)
+        self.hyper_optimizer = torch.optim.Adam(params, lr=self.lr_hyp)
+
+    def _lr(self, trainer: pl.Trainer) -> float:
+        if self.lr_hyp_min is None:
+            return self.lr_hyp
+        total = self.n_steps * max(len(marglik_epochs(trainer.max_epochs, self.burnin, self.frequency)), 1)
+        progress = min(self.hyper_steps_done / total, 1.0)
+        return self.lr_hyp_min + 0.5 * (self.lr_hyp - self.lr_hyp_min) * (1 + math.cos(math.pi * progress))
+
+    # --- the marglik step ----------------------------------------------------------------------
+    def on_train_epoch_end(self, trainer: pl.Trainer, module: MAPModule) -> None:
+        epoch = trainer.current_epoch + 1
+        if epoch not in marglik_epochs(trainer.max_epochs, self.burnin, self.frequency):
+            return
+        start = time.perf_counter()
+        la = self._make_laplace(module)
+        if self.log_prior is None:
+            self._init_hyperparameters(module, la)
+        dm = trainer.datamodule
+        la.fit(dm.train_eval_dataloader(batch_size=self.fit_batch_size))
+        fit_time = time.perf_counter() - start
+        marglik = self._hyper_steps(trainer, la)
+        self._write_back(module, la)
+        self._log(trainer, module, la, marglik, fit_time, time.perf_counter() - start)
+        if self.early_stopping and marglik > self.best_marglik:
+            self.best_marglik = marglik
+            self.best_state = {
+                "epoch": epoch,
+                "model": copy.deepcopy(module.model.state_dict()),
+                "prior_precision": module.prior_precision.clone(),
+                "log_sigma_noise": module.log_sigma_noise.clone(),
+            }
+
+    def _hyper_steps(self, trainer: pl.Trainer, la: Laplace) -> float:
+        """K Adam steps on -log marglik; returns the log marglik at the final values."""
+        params = [p for p in (self.log_prior, self.log_sigma) if p is not None]
+        for _ in range(self.n_steps):
+            for group in self.hyper_optimizer.param_groups:
+                group["lr"] = self._lr(trainer)
+            saved = [p.detach().clone() for p in params]
+            saved_state = copy.deepcopy(self.hyper_optimizer.state_dict())
+            self.hyper_optimizer.zero_grad()
+            neg = -self._marglik(la)
+            neg.backward()
+            grads_finite = all(p.grad is not None and torch.isfinite(p.grad).all() for p in params)
+            if not (torch.isfinite(neg) and grads_finite):
+                self.n_rejected += 1
+                continue
+            self.hyper_optimizer.step()
+            with torch.no_grad():
+                for p in params:
+                    p.clamp_(self.log_min, self.log_max)
+                if not all(torch.isfinite(p).all() for p in params):
+                    for p, s in zip(params, saved):
+                        p.copy_(s)
+                    self.hyper_optimizer.load_state_dict(saved_state)
+                    self.n_rejected += 1
+                    continue
+            self.hyper_steps_done += 1
+        with torch.no_grad():
+            return float(self._marglik(la))
+
+    def _marglik(self, la: Laplace) -> torch.Tensor:
+        dtype = la.mean.dtype
+        sigma = self.log_sigma.to(dtype).exp() if self.log_sigma is not None else None
+        return la.log_marginal_likelihood(prior_precision=self.log_prior.to(dtype).exp(), sigma_noise=sigma)
+
+    def _write_back(self, module: MAPModule, la: Laplace) -> None:
+        module.set_prior_precision(
+            write_prior(module.prior_precision, module.model, la.params, self.prior_structure, self.log_prior.exp())
+        )
+        if self.log_sigma is not None:
+            module.set_sigma_noise(self.log_sigma.detach().exp())
+
+    def _log(self, trainer, module, la, marglik, fit_time, total_time) -> None:
+        values = {
+            "marglik/log_marglik": marglik,
+            "marglik/log_marglik_per_datum": marglik / la.n_data,
+            "marglik/fit_time_s": fit_time,
+            "marglik/time_s": total_time,
+            "marglik/rejected_steps": float(self.n_rejected),
+            "marglik/sigma_noise": float(module.sigma_noise),
+        }
+        prior = self.log_prior.detach().exp()
+        if self.prior_structure == "diagonal":
+            values["marglik/prior_precision_mean"] = float(prior.mean())
+        else:
+            names = [n for n, _ in module.model.named_parameters()]
+            idx = subset_tensor_indices(module.model, la.params)
+            for j, i in enumerate(idx):
+                values[f"marglik/prior_precision/{names[i]}"] = float(prior[0 if prior.numel() == 1 else j])
+        self.history.append({"epoch": trainer.current_epoch + 1, **values})
+        module.log_dict(values, on_step=False, on_epoch=True)
+
+    def on_train_end(self, trainer: pl.Trainer, module: MAPModule) -> None:
+        if self.early_stopping and self.best_state is not None:
+            module.model.load_state_dict(self.best_state["model"])
+            module.set_prior_precision(self.best_state["prior_precision"])
+            module.log_sigma_noise = self.best_state["log_sigma_noise"].clone()
+
+    # --- checkpointing ----------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {
+            "log_prior": None if self.log_prior is None else self.log_prior.detach().clone(),
+            "log_sigma": None if self.log_sigma is None else self.log_sigma.detach().clone(),
+            "hyper_optimizer": None if self.hyper_optimizer is None else self.hyper_optimizer.state_dict(),
+            "hyper_steps_done": self.hyper_steps_done,
+            "n_rejected": self.n_rejected,
+            "best_marglik": self.best_marglik,
+            "best_state": self.best_state,
+            "history": self.history,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.hyper_steps_done = state["hyper_steps_done"]
+        self.n_rejected = state["n_rejected"]
+        self.best_marglik = state["best_marglik"]
+        self.best_state = state["best_state"]
+        self.history = list(state["history"])
+        if state["log_prior"] is not None:
+            self.log_prior = state["log_prior"].clone().requires_grad_(True)
+            params = [self.log_prior]
+            if state["log_sigma"] is not None:
+                self.log_sigma = state["log_sigma"].clone().requires_grad_(True)
+                params.append(self.log_sigma)
+            self.hyper_optimizer = torch.optim.Adam(params, lr=self.lr_hyp)
+            self.hyper_optimizer.load_state_dict(state["hyper_optimizer"])
