@@ -33,3 +33,11 @@ def build_loggers(cfg: DictConfig, output_dir: Path) -> list[Logger]:
             )
         )
     return loggers
+
+
+def finish_loggers(loggers: list[Logger]) -> None:
+    """Flush every logger and close the wandb run, so the next run in this process starts a new one."""
+    for logger in loggers:
+        logger.finalize("success")
+        if isinstance(logger, WandbLogger):
+            logger.experiment.finish()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import time
 from pathlib import Path
@@ -23,9 +22,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from laplace_lab.config_validation import validate_config
 from laplace_lab.data.base import LabDataModule
-from laplace_lab.run_loggers import build_loggers
+from laplace_lab.run_loggers import build_loggers, finish_loggers
 from laplace_lab.training import MAPModule
+from laplace_lab.evaluation import run_evaluation
+from laplace_lab.evaluation import validate_config as validate_evaluation_config
 from laplace_lab.training.online_marglik import OnlineMarglik
+from laplace_lab.training.predictors import laplace_predictor, map_predictor
 from laplace_lab.training.posthoc import fit_posthoc_laplace, laplace_kwargs, needs_posthoc_laplace
 
 log = logging.getLogger(__name__)
@@ -95,46 +97,29 @@ def build_callbacks(cfg: DictConfig, output_dir: Path) -> list[pl.Callback]:
     return callbacks
 
 
-def test_metrics_in_original_units(module: MAPModule, datamodule: LabDataModule) -> dict[str, float]:
-    """MAP test metrics; regression log likelihood and RMSE in the original target units."""
-    from laplace_lab.training.nll import natural_to_mean_var
-
-    module.eval()
-    device = next(module.parameters()).device
-    totals: dict[str, float] = {}
-    n = 0
-    with torch.no_grad():
-        for x, y in datamodule.test_dataloader():
-            x, y = x.to(device), y.to(device)
-            f = module(x)
-            n += len(x)
-            if module.likelihood == "classification":
-                totals["acc"] = totals.get("acc", 0.0) + (f.argmax(-1) == y).sum().item()
-                totals["nll"] = totals.get("nll", 0.0) + module.nll(f, y).item()
-                continue
-            if module.likelihood == "heteroscedastic_regression":
-                mean, var = natural_to_mean_var(f)
-            else:
-                mean, var = f, module.sigma_noise.pow(2).expand_as(f)
-            scale = datamodule.target_std.to(device)
-            y = y.reshape(mean.shape)
-            err2 = ((mean - y) * scale) ** 2
-            var_orig = var * scale**2
-            log_lik = -0.5 * (err2 / var_orig + torch.log(2 * math.pi * var_orig))
-            totals["se"] = totals.get("se", 0.0) + err2.sum().item()
-            totals["log_lik"] = totals.get("log_lik", 0.0) + log_lik.sum().item()
-            totals["n_out"] = totals.get("n_out", 0.0) + mean.numel()
-    if module.likelihood == "classification":
-        return {"test/map/acc": totals["acc"] / n, "test/map/nll": totals["nll"] / n}
-    return {
-        "test/map/rmse": math.sqrt(totals["se"] / totals["n_out"]),
-        "test/map/log_lik": totals["log_lik"] / n,
-    }
+def evaluate(cfg: DictConfig, module: MAPModule, datamodule: LabDataModule, la, loggers, output_dir: Path,
+             step: int) -> dict[str, float]:
+    """MAP and (if fitted) Laplace predictives side by side, through ``laplace_lab.evaluation``."""
+    predictors = {"map": map_predictor(module)}
+    if la is not None:
+        predictors["la"] = laplace_predictor(la, cfg.predictive)
+    task = "classification" if module.likelihood == "classification" else "regression"
+    is_toy2d = task == "classification" and tuple(datamodule.input_shape) == (2,)
+    return run_evaluation(
+        cfg.evaluation, task, predictors, datamodule.test_dataloader(), ood_loaders=datamodule.ood_dataloaders(),
+        attack_model=module.model, out_dir=output_dir, logger=loggers,
+        target_mean=datamodule.target_mean if datamodule.target_mean is not None else 0.0,
+        target_std=datamodule.target_std if datamodule.target_std is not None else 1.0,
+        dataset=getattr(datamodule, "name", None), data_dir=cfg.paths.data_dir,
+        input_range=datamodule.input_range, toy_data=datamodule.train_set.tensors if is_toy2d else None,
+        step=step,
+    )
 
 
 def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     """Validate, build, train and evaluate one run; returns the final metrics."""
     validate_config(cfg)
+    validate_evaluation_config(cfg.evaluation)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     pl.seed_everything(cfg.seed, workers=True)
@@ -146,17 +131,20 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     start = time.perf_counter()
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.checkpoint.resume_from)
     metrics = {"time/fit_s": time.perf_counter() - start}
-    metrics.update(test_metrics_in_original_units(module, datamodule))
     if module.likelihood == "regression":
         metrics["hparams/sigma_noise"] = module.sigma_noise.item()
+    la = None
     if needs_posthoc_laplace(cfg):
-        _, la_metrics = fit_posthoc_laplace(cfg, module, datamodule)
+        la, la_metrics = fit_posthoc_laplace(cfg, module, datamodule)
         metrics.update(la_metrics)
     for logger in loggers:
         logger.log_metrics(metrics, step=trainer.global_step)
-        logger.finalize("success")
+    if cfg.evaluation.enabled:
+        metrics.update(evaluate(cfg, module, datamodule, la, loggers, output_dir, trainer.global_step))
+    finish_loggers(loggers)
     (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    print("Final metrics:\n" + "\n".join(f"  {k}: {v:.4f}" for k, v in metrics.items()))
+    headline = {k: v for k, v in metrics.items() if k.startswith(("test/", "time/", "hparams/", "laplace/"))}
+    print("Final metrics:\n" + "\n".join(f"  {k}: {v:.4f}" for k, v in headline.items()))
     return metrics
 
 

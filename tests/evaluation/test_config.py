@@ -21,11 +21,11 @@ def test_presets_compose_and_validate(name):
     cfg = validate_config(_compose(name))
     assert isinstance(cfg, EvalConfig)
     expected = {
-        "default": (True, False, False),
-        "full": (True, True, False),
-        "regression": (True, False, False),
+        "default": (True, False, True),
+        "full": (True, True, True),
+        "regression": (True, False, True),
         "toy2d": (True, False, True),
-        "none": (False, False, False),
+        "none": (False, False, True),
     }[name]
     assert (cfg.enabled, cfg.adversarial.enabled, cfg.toy2d.enabled) == expected
 

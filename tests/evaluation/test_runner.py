@@ -130,7 +130,7 @@ def test_toy2d_run(tmp_path):
     preds = {"map": lambda z: torch.softmax(net(z), -1), "la": lambda z: torch.softmax(net(z) / 50, -1)}
     cfg = {"progress": False, "toy2d": {"enabled": True, "resolution": 25}}
     metrics = run_evaluation(cfg, "classification", preds, DataLoader(TensorDataset(X, y), batch_size=50),
-                             attack_model=net, out_dir=tmp_path, input_range=None)  # the data's range wins
+                             attack_model=net, out_dir=tmp_path, input_range=None, toy_data=(X, y))
     for name in ("toy2d_zoom_in", "toy2d_zoom_out", "reliability", "confidence_hist"):
         assert _png_ok(tmp_path / "figures" / f"{name}.png"), name
     assert metrics["toy2d/far/map/conf"] > 0.95 > metrics["toy2d/far/la/conf"]

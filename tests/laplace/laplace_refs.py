@@ -65,10 +65,10 @@ def output_hessian(likelihood: str, f: torch.Tensor) -> torch.Tensor:
     if likelihood == "regression":
         return torch.eye(C, dtype=f.dtype).expand(N, C, C)
     D = C // 2
+    y0 = torch.zeros(D, dtype=f.dtype)  # the Hessian of the NLL in eta does not depend on y
     out = []
     for fn in f:  # GGN w.r.t. natural params, link Jacobian folded in
         eta = torch.cat([fn[:D], -F.softplus(fn[D:])])
-        y0 = torch.zeros(D, dtype=f.dtype)  # the Hessian of the NLL in eta does not depend on y
         H_eta = hessian(lambda e: hetero_nll_natural(e[:D], e[D:], y0))(eta)
         Jl = torch.diag(torch.cat([torch.ones(D, dtype=f.dtype), -torch.sigmoid(fn[D:])]))
         out.append(Jl.T @ H_eta @ Jl)

@@ -195,7 +195,7 @@ class RegressionConfig:
 
 @dataclass(frozen=True)
 class Toy2DConfig:
-    enabled: bool = _f(False, C.boolean)
+    enabled: bool = _f(True, C.boolean)  # drawn only when the caller passes toy_data
     zoom_out: float = _f(10.0, C.positive_float())  # the zoomed-out view spans zoom_out x the data range
     resolution: int = _f(150, C.int_at_least(10))  # grid points per axis
     margin: float = _f(0.5, C.positive_float())  # zoomed-in view: data range +- margin * range

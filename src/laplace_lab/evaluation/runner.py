@@ -139,7 +139,7 @@ def run_evaluation(cfg: Any, task: str, predictors: dict[str, Callable], test_lo
             ``$LAPLACE_LAB_DATA_DIR``, else ``data``).
         input_range: valid input range ``(low, high)``, or ``None`` for unbounded inputs (the data
             module's ``input_range``); the default ``"config"`` uses ``evaluation.input_range``.
-        toy_data: ``(X [N, 2], y [N])`` drawn on the toy contour plots (default: the test set).
+        toy_data: ``(X [N, 2], y [N])`` drawn on the toy contour plots (none: contours skipped).
         device: where inputs are sent (default: the device of the first ``nn.Module`` parameter).
         step: step passed to the loggers.
 
@@ -179,8 +179,6 @@ def run_evaluation(cfg: Any, task: str, predictors: dict[str, Callable], test_lo
 def _classification(ctx: _Context, test_loader, ood_loaders, attack_model, dataset, data_dir, toy_data):
     cfg, rep = ctx.cfg, ctx.rep
     keep = max(cfg.ood.n_generated, 1)
-    if cfg.toy2d.enabled and toy_data is None:
-        keep = 10**12
     probs, y, kept = ctx.probs(ctx.batches(test_loader), "test", keep_inputs=keep)
     n_classes = next(iter(probs.values())).shape[1]
     bins, ece = [], {}
@@ -199,7 +197,7 @@ def _classification(ctx: _Context, test_loader, ood_loaders, attack_model, datas
     _rotation(ctx, test_loader, kept)
     _cifar10c(ctx, dataset, data_dir)
     _adversarial(ctx, test_loader, attack_model, kept)
-    _toy2d(ctx, toy_data if toy_data is not None else (kept, y), n_classes)
+    _toy2d(ctx, toy_data, n_classes)
 
 
 def _ood(ctx: _Context, probs_in, kept, ood_loaders, dataset):
@@ -406,6 +404,9 @@ def _toy2d(ctx: _Context, data, n_classes):
     t = cfg.toy2d
     if not t.enabled:
         rep.skip("toy2d", "evaluation.toy2d.enabled=false", warn=False)
+        return
+    if data is None:
+        rep.skip("toy2d", "no toy_data given (only 2-D toy data modules provide it)", warn=False)
         return
     X, y = data
     if X.ndim != 2 or X.shape[1] != 2:

@@ -1,0 +1,52 @@
+"""Every valid curvature x prior x marglik combination composes and validates; invalid ones are
+rejected before any data is loaded, naming the options."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from laplace_lab.config_validation import validate_config
+from tests.conftest import CONF_DIR, compose_config
+
+CURVATURES = sorted(f.stem for f in (CONF_DIR / "curvature").glob("*.yaml"))
+PRIORS = sorted(f.stem for f in (CONF_DIR / "prior").glob("*.yaml"))
+MARGLIKS = sorted(f.stem for f in (CONF_DIR / "marglik").glob("*.yaml"))
+TYPES = ["ggn", "ef", "mc_fisher"]
+COMBOS = list(itertools.product(CURVATURES, TYPES, PRIORS, MARGLIKS))
+
+
+def is_valid(curvature: str, prior: str) -> bool:
+    structure = curvature.removeprefix("ll_")
+    return not (structure == "kron" and prior == "diagonal")
+
+
+@pytest.mark.parametrize("curvature,ctype,prior,marglik", COMBOS, ids=["-".join(c) for c in COMBOS])
+def test_combination(curvature, ctype, prior, marglik):
+    cfg = compose_config([f"curvature={curvature}", f"curvature.type={ctype}", f"prior={prior}",
+                          f"marglik={marglik}"])
+    if is_valid(curvature, prior):
+        validate_config(cfg)
+    else:
+        with pytest.raises(ValueError, match=r"prior.structure='diagonal'.*curvature.hessian_structure='kron'"):
+            validate_config(cfg)
+
+
+@pytest.mark.parametrize(
+    "overrides,pattern",
+    [
+        (["marglik=online", "+marglik.fused=true", "curvature.type=ggn"], r"marglik.fused=true needs curvature.type in \['ef', 'mc_fisher'\]"),
+        (["marglik=online", "+marglik.fused=true", "curvature=ll_kron", "curvature.type=ef"], r"subset_of_weights='all'"),
+        (["marglik=online", "marglik.frequency=0"], r"marglik.frequency must be >= 1"),
+        (["marglik=online", "marglik.posthoc_prior=cv"], r"marglik.posthoc_prior='cv'.*allowed"),
+        (["marglik.mode=sometimes"], r"marglik.mode='sometimes'.*allowed: \['off', 'online', 'posthoc'\]"),
+        (["curvature.hessian_structure=lowrank"], r"curvature.hessian_structure='lowrank'.*allowed"),
+        (["curvature.subset_of_weights=first_layer"], r"curvature.subset_of_weights='first_layer'.*allowed"),
+        (["predictive.pred_type=exact"], r"predictive.pred_type='exact'.*allowed"),
+        (["curvature.type=mc_fisher", "curvature.n_mc_samples=0"], r"curvature.n_mc_samples must be >= 1"),
+    ],
+)
+def test_rejected(overrides, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        validate_config(compose_config(overrides))

@@ -1,0 +1,120 @@
+"""Online marglik (Algorithm 1) against closed forms, and its robustness and checkpointing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from torch import nn
+
+from laplace_lab.laplace import Laplace
+from laplace_lab.training.online_marglik import marglik_epochs
+from tests.training.marglik_helpers import TensorDataModule, fit_online
+
+
+def exact_log_evidence(X, y, log_delta, log_sigma):
+    """log N(y | 0, sigma^2 I + X X^T / delta) of Bayesian linear regression (float64)."""
+    cov = torch.exp(2 * log_sigma) * torch.eye(len(X), dtype=X.dtype) + X @ X.T / torch.exp(log_delta)
+    return torch.distributions.MultivariateNormal(torch.zeros(len(X), dtype=X.dtype), cov).log_prob(y[:, 0])
+
+
+def evidence_optimum(X, y):
+    """Maximise the exact evidence over (log delta, log sigma) with L-BFGS in float64."""
+    params = torch.zeros(2, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([params], max_iter=200, tolerance_grad=1e-12, tolerance_change=1e-14)
+
+    def closure():
+        opt.zero_grad()
+        loss = -exact_log_evidence(X, y, params[0], params[1])
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return params.detach().exp()
+
+
+def test_marglik_schedule():
+    assert marglik_epochs(10, burnin=0, frequency=1) == list(range(1, 11))
+    assert marglik_epochs(10, burnin=4, frequency=3) == [4, 7, 10]
+    assert marglik_epochs(5, burnin=0, frequency=2) == [2, 4]
+
+
+def test_bayesian_linear_regression_reaches_evidence_optimum():
+    torch.manual_seed(0)
+    X = torch.randn(80, 3, dtype=torch.float64)
+    y = X @ torch.tensor([[1.0], [-0.5], [0.25]], dtype=torch.float64) + 0.4 * torch.randn(80, 1, dtype=torch.float64)
+    delta_star, sigma_star = evidence_optimum(X, y)
+    model = nn.Linear(3, 1, bias=False).double()
+    dm = TensorDataModule(X, y, batch_size=80)
+    module, callback, _ = fit_online(model, dm, epochs=150, lr=0.05,
+                                     callback_kwargs={"n_steps": 20, "lr_hyp": 0.1})
+    delta = module.prior_precision[0].item()
+    sigma = module.sigma_noise.item()
+    assert math.isclose(sigma, sigma_star.item(), rel_tol=0.02), (sigma, sigma_star)
+    assert math.isclose(delta, delta_star.item(), rel_tol=0.1), (delta, delta_star)
+    # At the joint stationary point the Laplace evidence is the exact one.
+    exact = exact_log_evidence(X, y, torch.tensor(delta).log(), torch.tensor(sigma).log()).item()
+    assert math.isclose(callback.history[-1]["marglik/log_marglik"], exact, rel_tol=1e-3)
+
+
+def test_nonfinite_steps_are_rejected_and_training_goes_on():
+    torch.manual_seed(0)
+    X, y = torch.randn(40, 2), torch.randn(40, 1)
+    model = nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 1))
+    dm = TensorDataModule(X, y, batch_size=40)
+    # lr_hyp so large that the clamp range is hit at once, and log_max tiny: values stay in range.
+    module, callback, _ = fit_online(model, dm, epochs=3, callback_kwargs={"lr_hyp": 50.0, "log_min": -2.0, "log_max": 2.0})
+    assert torch.all(module.prior_precision <= math.exp(2.0) + 1e-4)
+    assert torch.all(module.prior_precision >= math.exp(-2.0) - 1e-6)
+    # A marglik that is NaN: every step rejected, values untouched, training finishes.
+    la_marglik = callback._marglik
+    callback._marglik = lambda la: la_marglik(la) * float("nan")
+    before = callback.log_prior.detach().clone()
+    la = Laplace(module.model, "regression", subset_of_weights="all", hessian_structure="full", prior_structure="scalar")
+    la.fit(dm.train_eval_dataloader())
+    n_rejected = callback.n_rejected
+    callback._hyper_steps(type("T", (), {"max_epochs": 3})(), la)
+    assert callback.n_rejected == n_rejected + callback.n_steps
+    assert torch.equal(callback.log_prior.detach(), before)
+
+
+def test_resume_from_checkpoint_reproduces_trajectory(tmp_path):
+    torch.manual_seed(0)
+    X = torch.randn(64, 2)
+    y = torch.sin(X[:, :1]) + 0.1 * torch.randn(64, 1)
+
+    def make():
+        torch.manual_seed(1)
+        return nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 1))
+
+    dm = TensorDataModule(X, y, batch_size=16)
+    kw = {"n_steps": 5, "early_stopping": True}
+    full, cb_full, _ = fit_online(make(), dm, epochs=4, callback_kwargs=kw)
+    # A run that checkpoints every epoch; resume a fresh model and callback from the epoch-2 checkpoint.
+    saver = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, filename="e{epoch}", save_top_k=-1,
+                                         every_n_epochs=1, auto_insert_metric_name=False)
+    fit_online(make(), dm, epochs=4, callback_kwargs=kw, extra_callbacks=[saver])
+    resumed, cb_resumed, _ = fit_online(make(), dm, epochs=4, callback_kwargs=kw, ckpt_path=tmp_path / "e1.ckpt")
+    assert torch.allclose(resumed.prior_precision, full.prior_precision, rtol=1e-5)
+    assert torch.allclose(resumed.sigma_noise, full.sigma_noise, rtol=1e-5)
+    for a, b in zip(resumed.model.parameters(), full.model.parameters()):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert [h["marglik/log_marglik"] for h in cb_resumed.history] == pytest.approx(
+        [h["marglik/log_marglik"] for h in cb_full.history], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_sinusoid_learns_the_noise_std(tmp_path):
+    """Sinusoid toy (N=150, noise std 0.3): online marglik learns sigma within 0.05 of 0.3."""
+    from laplace_lab.train import run
+    from tests.conftest import compose_config
+
+    cfg = compose_config([
+        "data=sinusoid", "model.activation=tanh", "marglik=online", "marglik.frequency=5", "marglik.n_steps=50",
+        "marglik.burnin=20", "curvature=full", "optimizer.lr=1e-2", "trainer.max_epochs=600", "logger=csv",
+        "trainer.enable_progress_bar=false", "+trainer.check_val_every_n_epoch=50",
+    ])
+    metrics = run(cfg, tmp_path)
+    assert abs(metrics["hparams/sigma_noise"] - 0.3) < 0.05
