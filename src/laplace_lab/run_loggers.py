@@ -1,13 +1,51 @@
-"""Lightning loggers of a run: CSV always, wandb (offline by default) when enabled."""
+"""Lightning loggers of a run: CSV always, wandb (offline by default) when enabled.
+
+The wandb run is grouped by ``logger.wandb.group`` (the experiment name), typed by ``job_type``
+and tagged from the config; its config is the flattened run config (``optimizer.lr``, ...); in a
+multirun it is named after the job's overrides. Before it closes, the reliability table the
+evaluation wrote becomes a line-plot panel (``charts/reliability``) so runs can be overlaid.
+"""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Any
 
+import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.loggers import CSVLogger, Logger, WandbLogger
 
+log = logging.getLogger(__name__)
 WANDB_MODES = ("offline", "online", "disabled")
+
+
+def flatten_config(cfg: DictConfig | dict, sep: str = ".") -> dict[str, Any]:
+    """``{"optimizer": {"lr": 1e-3}}`` -> ``{"optimizer.lr": 1e-3}`` (resolved; lists kept whole)."""
+    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+    flat: dict[str, Any] = {}
+
+    def visit(node: Any, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for key, value in node.items():
+                visit(value, f"{prefix}{sep}{key}" if prefix else str(key))
+        else:
+            flat[prefix] = node
+
+    visit(data, "")
+    return flat
+
+
+def _multirun_job_name() -> str | None:
+    """The job's override dirname when this run is a job of a Hydra multirun."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+    except ImportError:  # pragma: no cover
+        return None
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        return HydraConfig.get().job.override_dirname or None
+    return None
 
 
 def build_loggers(cfg: DictConfig, output_dir: Path) -> list[Logger]:
@@ -28,16 +66,38 @@ def build_loggers(cfg: DictConfig, output_dir: Path) -> list[Logger]:
                 group=wandb_cfg.get("group"),
                 job_type=wandb_cfg.get("job_type"),
                 tags=list(wandb_cfg.get("tags", [])),
+                name=wandb_cfg.get("name") or _multirun_job_name(),
                 mode=mode,
-                config=OmegaConf.to_container(cfg, resolve=True),
+                config=flatten_config(cfg),
             )
         )
     return loggers
 
 
+def log_reliability_chart(logger: WandbLogger, table_csv: Path) -> None:
+    """A wandb line plot (confidence -> accuracy, one line per predictor) of the reliability table."""
+    import wandb
+
+    df = pd.read_csv(table_csv)
+    if "count" in df:
+        df = df[df["count"] > 0]
+    columns = [c for c in ("predictor", "confidence", "accuracy", "count", "bin_center") if c in df]
+    table = wandb.Table(dataframe=df[columns].reset_index(drop=True))
+    chart = wandb.plot.line(table, "confidence", "accuracy", stroke="predictor" if "predictor" in df else None,
+                            title="Reliability (accuracy vs confidence)")
+    logger.experiment.log({"charts/reliability": chart})
+
+
 def finish_loggers(loggers: list[Logger]) -> None:
     """Flush every logger and close the wandb run, so the next run in this process starts a new one."""
     for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            table_csv = Path(logger.save_dir or ".") / "tables" / "reliability.csv"
+            if table_csv.is_file():
+                try:
+                    log_reliability_chart(logger, table_csv)
+                except Exception as err:  # noqa: BLE001 - a chart must never fail the run
+                    log.warning("wandb reliability chart not logged: %s", err)
         logger.finalize("success")
         if isinstance(logger, WandbLogger):
             logger.experiment.finish()

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from laplace_lab.config_validation import validate_config
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.run_loggers import build_loggers, finish_loggers
+from laplace_lab.sweeps.jobs import run_tracked
 from laplace_lab.training import MAPModule
 from laplace_lab.evaluation import run_evaluation
 from laplace_lab.evaluation import validate_config as validate_evaluation_config
@@ -131,6 +132,8 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     start = time.perf_counter()
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.checkpoint.resume_from)
     metrics = {"time/fit_s": time.perf_counter() - start}
+    if "val/nll" in trainer.callback_metrics:  # the last epoch's validation NLL (sweep objective)
+        metrics["val/nll"] = float(trainer.callback_metrics["val/nll"])
     if module.likelihood == "regression":
         metrics["hparams/sigma_noise"] = module.sigma_noise.item()
     la = None
@@ -149,9 +152,13 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> float:
+    """One run; in a multirun, skips finished jobs and records failures (``laplace_lab.sweeps``).
+
+    Returns the sweep objective (``val/nll``), which the Optuna sweeper minimises.
+    """
     os.environ.setdefault("WANDB_SILENT", "true")
-    run(cfg, Path(HydraConfig.get().runtime.output_dir))
+    return run_tracked(run, cfg, Path(HydraConfig.get().runtime.output_dir))
 
 
 if __name__ == "__main__":

@@ -424,6 +424,5 @@ class Laplace:
         self.temperature = sd["temperature"]
         self.loss = sd["loss"].to(self._device, self._dtype)
         self.n_data, self.n_outputs = sd["n_data"], sd["n_outputs"]
-        self._structure.load_state_dict(sd["structure"])
-        self._structure.finalize() if self._structure.name != "kron" else None
+        self._structure.load_state_dict(sd["structure"])  # kron re-runs its eigendecompositions
         self._fitted = True

@@ -1,0 +1,23 @@
+"""Resumable multiruns: per-job status markers, skip-if-finished, and the end-of-sweep summary.
+
+- ``status``: the ``status.json`` marker of a job folder and the run's provenance (git, hardware).
+- ``jobs``: ``run_tracked(run_fn, cfg, output_dir)``, the wrapper ``train.main`` calls.
+- ``callback``: ``SweepSummary``, the Hydra callback that writes ``<sweep dir>/summary.json``.
+
+Importing the package registers the OmegaConf resolvers the Hydra configs use
+(``lab_job_subdir``, ``lab_gpus_per_job``); ``laplace_lab.train`` imports it.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from laplace_lab.sweeps.resolvers import register_resolvers
+from laplace_lab.sweeps.status import STATUS_FILE, is_finished, read_status
+
+register_resolvers()
+# conf/hydra/launcher/{ray,submitit_*}.yaml deliberately share the plugins' schema names, so Hydra
+# validates them (a typo in hydra.launcher.* fails); its warning about that is noise for users.
+warnings.filterwarnings("ignore", message=r"\s*'hydra/(launcher|sweeper)/\w+' is validated against ConfigStore schema")
+
+__all__ = ["STATUS_FILE", "is_finished", "read_status", "register_resolvers"]

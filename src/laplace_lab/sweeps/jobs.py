@@ -1,0 +1,90 @@
+"""``run_tracked``: what ``laplace_lab.train.main`` runs for each job.
+
+Single runs (``python -m laplace_lab.train``) always run and raise on error. Jobs of a multirun
+(``-m``) are resumable: a job whose folder already holds a finished run is skipped with a log line;
+otherwise it runs with its ``status.json`` marked ``running``, then ``finished``, or ``failed``
+with the traceback, and a failure is logged but not raised, so the other jobs go on and the
+``SweepSummary`` callback reports it at the end. The return value is the sweep objective
+(``val/nll`` unless ``+sweep_objective=<metric>``), NaN for a failed job: what Optuna minimises.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shlex
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from laplace_lab.sweeps.status import (
+    ENTRY,
+    current_launch_id,
+    git_state,
+    hardware,
+    is_finished,
+    now_iso,
+    write_status,
+)
+
+log = logging.getLogger(__name__)
+FAILED_FILE = "FAILED"  # the traceback of the last failed attempt (removed when the job is re-run)
+DEFAULT_OBJECTIVE = "val/nll"
+
+
+def objective_key(cfg: DictConfig) -> str:
+    return str(OmegaConf.select(cfg, "sweep_objective", default=DEFAULT_OBJECTIVE))
+
+
+def objective(metrics: dict[str, float] | None, key: str) -> float:
+    """``metrics[key]`` as a float; NaN when the job failed or did not log it."""
+    if not metrics or key not in metrics:
+        return math.nan
+    return float(metrics[key])
+
+
+def _is_multirun() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+RunFn = Callable[[DictConfig, Path], dict[str, float]]
+
+
+def run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
+    """Run ``run_fn(cfg, output_dir)`` (skipping finished multirun jobs); return the objective."""
+    key = objective_key(cfg)
+    if not _is_multirun():
+        return objective(run_fn(cfg, output_dir), key)
+    hc = HydraConfig.get()
+    launch_id = current_launch_id(hc.sweep.dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    if is_finished(output_dir):
+        log.info("Skipping job #%s %s: already finished in %s", hc.job.num, hc.job.override_dirname, output_dir)
+        write_status(output_dir, launch_id=launch_id, last_action="skipped", skipped_at=now_iso())
+        return objective(json.loads((output_dir / "metrics.json").read_text()), key)
+    overrides = list(hc.overrides.task)
+    previous = write_status(output_dir, state="running", launch_id=launch_id, last_action="ran",
+                            started=now_iso(), ended=None, error=None, traceback=None)
+    write_status(output_dir, attempts=int(previous.get("attempts") or 0) + 1, job_num=hc.job.num,
+                 overrides=overrides, command=" ".join([ENTRY, *map(shlex.quote, overrides)]),
+                 git=git_state())
+    (output_dir / FAILED_FILE).unlink(missing_ok=True)
+    start = time.perf_counter()
+    try:
+        metrics = run_fn(cfg, output_dir)
+    except Exception as err:  # noqa: BLE001 - a failing job must not stop the others
+        write_status(output_dir, state="failed", ended=now_iso(), wall_s=time.perf_counter() - start,
+                     error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(), hardware=hardware())
+        (output_dir / FAILED_FILE).write_text(traceback.format_exc())
+        log.error("Job #%s %s FAILED (%s: %s); traceback in %s", hc.job.num, hc.job.override_dirname,
+                  type(err).__name__, err, output_dir / "status.json")
+        return math.nan
+    write_status(output_dir, state="finished", ended=now_iso(), wall_s=time.perf_counter() - start,
+                 hardware=hardware())
+    return objective(metrics, key)

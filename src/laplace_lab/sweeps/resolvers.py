@@ -1,0 +1,35 @@
+"""OmegaConf resolvers used by ``conf/train.yaml`` (sweep subdir) and ``conf/hydra/launcher/ray.yaml``."""
+
+from __future__ import annotations
+
+import hashlib
+
+from omegaconf import OmegaConf
+
+MAX_SUBDIR_CHARS = 200
+
+
+def job_subdir(override_dirname: str) -> str:
+    """A job's folder name from its override dirname: stable across re-runs of the same multirun.
+
+    ``/`` becomes ``_`` (one level per job), an empty dirname becomes ``default``, and names
+    longer than 200 characters keep their head plus a hash of the whole name.
+    """
+    name = str(override_dirname).replace("/", "_") or "default"
+    if len(name) > MAX_SUBDIR_CHARS:
+        digest = hashlib.sha1(name.encode()).hexdigest()[:12]
+        name = f"{name[:MAX_SUBDIR_CHARS - 13]}-{digest}"
+    return name
+
+
+def gpus_per_job() -> int:
+    """1 when this machine has a CUDA GPU (Ray then gives each job its own), else 0 (CPU jobs)."""
+    import torch
+
+    return 1 if torch.cuda.is_available() else 0
+
+
+def register_resolvers() -> None:
+    for name, fn in (("lab_job_subdir", job_subdir), ("lab_gpus_per_job", gpus_per_job)):
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, fn)
