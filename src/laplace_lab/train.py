@@ -24,7 +24,7 @@ from laplace_lab.config_validation import validate_config
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.run_loggers import build_loggers, finish_loggers
 from laplace_lab.sweeps.jobs import run_tracked
-from laplace_lab.training import MAPModule
+from laplace_lab.training import MAPModule, map_cache
 from laplace_lab.evaluation import run_evaluation
 from laplace_lab.evaluation import validate_config as validate_evaluation_config
 from laplace_lab.training.online_marglik import OnlineMarglik
@@ -88,7 +88,7 @@ def build_callbacks(cfg: DictConfig, output_dir: Path) -> list[pl.Callback]:
             laplace_kwargs(cfg.curvature), prior_structure=cfg.prior.structure, frequency=m.frequency,
             n_steps=m.n_steps, burnin=m.burnin, lr_hyp=m.lr_hyp, lr_hyp_min=m.lr_hyp_min,
             optimize_sigma=m.optimize_sigma, early_stopping=m.early_stopping, log_min=m.log_min,
-            log_max=m.log_max, fit_batch_size=cfg.curvature.get("fit_batch_size"),
+            log_max=m.log_max, fit_batch_size=cfg.curvature.get("fit_batch_size"), fused=m.fused,
         ))
     if cfg.checkpoint.enabled:
         callbacks.append(pl.callbacks.ModelCheckpoint(
@@ -130,8 +130,14 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     trainer = pl.Trainer(**cfg.trainer, logger=loggers, default_root_dir=str(output_dir), callbacks=callbacks,
                          enable_checkpointing=cfg.checkpoint.enabled)
     start = time.perf_counter()
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.checkpoint.resume_from)
-    metrics = {"time/fit_s": time.perf_counter() - start}
+    cached = map_cache.cache_path(cfg)
+    if map_cache.load(module, cached):
+        datamodule.setup("fit")
+        metrics = {"time/fit_s": 0.0, "map_cache/hit": 1.0}
+    else:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.checkpoint.resume_from)
+        map_cache.save(module, cached)
+        metrics = {"time/fit_s": time.perf_counter() - start}
     if "val/nll" in trainer.callback_metrics:  # the last epoch's validation NLL (sweep objective)
         metrics["val/nll"] = float(trainer.callback_metrics["val/nll"])
     if module.likelihood == "regression":

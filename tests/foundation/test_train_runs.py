@@ -67,3 +67,14 @@ def test_wandb_offline_and_csv(tmp_path):
     csv = (tmp_path / "csv" / "metrics.csv").read_text()
     assert "test/map/acc" in csv and "train/loss" in csv
     assert json.loads((tmp_path / "metrics.json").read_text())["test/map/acc"] >= 0
+
+
+def test_map_cache_reuses_training(tmp_path):
+    base = ["trainer.max_epochs=2", "logger=csv", "trainer.enable_progress_bar=false", "map_cache.enabled=true",
+            f"map_cache.dir={tmp_path / 'cache'}", "evaluation.progress=false"]
+    first = run(compose_config(base), tmp_path / "a")
+    second = run(compose_config(base + ["predictive=map", "curvature=diag"]), tmp_path / "b")
+    assert "map_cache/hit" not in first and second["map_cache/hit"] == 1.0
+    assert second["test/map/nll"] == first["test/map/nll"]
+    third = run(compose_config(base + ["seed=3"]), tmp_path / "c")
+    assert "map_cache/hit" not in third

@@ -36,8 +36,8 @@ def test_combination(curvature, ctype, prior, marglik):
 @pytest.mark.parametrize(
     "overrides,pattern",
     [
-        (["marglik=online", "+marglik.fused=true", "curvature.type=ggn"], r"marglik.fused=true needs curvature.type in \['ef', 'mc_fisher'\]"),
-        (["marglik=online", "+marglik.fused=true", "curvature=ll_kron", "curvature.type=ef"], r"subset_of_weights='all'"),
+        (["marglik=online", "marglik.fused=true", "curvature.type=ggn"], r"marglik.fused=true needs curvature.type in \['ef', 'mc_fisher'\]"),
+        (["marglik=online", "marglik.fused=true", "curvature=ll_kron", "curvature.type=ef"], r"subset_of_weights='all'"),
         (["marglik=online", "marglik.frequency=0"], r"marglik.frequency must be >= 1"),
         (["marglik=online", "marglik.posthoc_prior=cv"], r"marglik.posthoc_prior='cv'.*allowed"),
         (["marglik.mode=sometimes"], r"marglik.mode='sometimes'.*allowed: \['off', 'online', 'posthoc'\]"),

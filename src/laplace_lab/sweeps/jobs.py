@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import shlex
+import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -73,7 +75,7 @@ def run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
                             started=now_iso(), ended=None, error=None, traceback=None)
     write_status(output_dir, attempts=int(previous.get("attempts") or 0) + 1, job_num=hc.job.num,
                  overrides=overrides, command=" ".join([ENTRY, *map(shlex.quote, overrides)]),
-                 git=git_state())
+                 git=git_state(), pid=os.getpid(), host=socket.gethostname())
     (output_dir / FAILED_FILE).unlink(missing_ok=True)
     start = time.perf_counter()
     try:

@@ -66,6 +66,8 @@ class MAPModule(pl.LightningModule):
         self.register_buffer("prior_precision", torch.empty(0))
         self.set_prior_precision(prior_precision)
         self.register_buffer("log_sigma_noise", torch.tensor(float(sigma_noise)).log())
+        # Set by the online-marglik callback in fused mode: records curvature during training steps.
+        self.fused_curvature = None
 
     # --- hyperparameters ------------------------------------------------------------------
     @property
@@ -107,7 +109,12 @@ class MAPModule(pl.LightningModule):
 
     def training_step(self, batch, batch_idx):
         x, y = batch
-        f = self.model(x)
+        if self.fused_curvature is not None:
+            with self.fused_curvature.batch(y, nll_scale=1.0 / (len(x) * self.temperature)) as record:
+                f = self.model(x)
+                record.output(f)
+        else:
+            f = self.model(x)
         nll = self.nll(f, y) / len(x)
         loss = nll / self.temperature + self.prior_term() / self.n_data
         self.log_dict({"train/loss": loss, "train/nll": nll}, on_step=False, on_epoch=True, batch_size=len(x))

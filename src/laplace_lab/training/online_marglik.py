@@ -15,6 +15,12 @@ optimiser state before it are kept), counted and logged; training goes on. Log h
 are clamped to ``[log_min, log_max]`` (default ``[-12, 12]`` i.e. precisions / sigmas within
 ``[6e-6, 1.6e5]``) so no step can make the training loss overflow.
 
+Fused mode (``fused=True``; EF or MC-Fisher, kron or diag, all weights): instead of an extra
+data pass after the epoch, the curvature is accumulated during the ordinary training steps of
+the epoch that ends with a marglik step (``laplace_lab.laplace.fused``). The weights move during
+that epoch, so the fused curvature mixes the weights of the whole epoch: an approximation whose
+effect on the marglik and the test metrics is measured in ``benchmarks/marglik_overhead.py``.
+
 Early stopping on the marglik (``early_stopping=True``, as in the paper): the weights and
 hyperparameters with the best marglik are kept and restored when training ends.
 The callback's state (log hyperparameters, Adam state, schedule position, best marglik and
@@ -58,12 +64,13 @@ class OnlineMarglik(pl.Callback):
         early_stopping: restore the best-marglik weights and hyperparameters at the end.
         log_min, log_max: clamp range of every log hyperparameter.
         fit_batch_size: batch size of the Laplace fit's data pass (``None``: training batch size).
+        fused: accumulate the curvature during the training steps (no extra data pass).
     """
 
     def __init__(self, laplace_kwargs: dict, prior_structure: str = "layerwise", frequency: int = 1,
                  n_steps: int = 100, burnin: int = 0, lr_hyp: float = 0.1, lr_hyp_min: float | None = None,
                  optimize_sigma: bool = True, early_stopping: bool = True, log_min: float = -12.0,
-                 log_max: float = 12.0, fit_batch_size: int | None = None):
+                 log_max: float = 12.0, fit_batch_size: int | None = None, fused: bool = False):
         super().__init__()
         if prior_structure not in PRIOR_STRUCTURES:
             raise ValueError(f"prior.structure={prior_structure!r}; allowed: {list(PRIOR_STRUCTURES)}")
@@ -77,6 +84,9 @@ class OnlineMarglik(pl.Callback):
         self.early_stopping = early_stopping
         self.log_min, self.log_max = log_min, log_max
         self.fit_batch_size = fit_batch_size
+        self.fused = fused
+        self._fused = None  # the FusedCurvature of the current accumulation epoch
+        self._fused_time = 0.0
         self.log_prior: torch.Tensor | None = None
         self.log_sigma: torch.Tensor | None = None
         self.hyper_optimizer: torch.optim.Adam | None = None
@@ -110,17 +120,40 @@ class OnlineMarglik(pl.Callback):
         progress = min(self.hyper_steps_done / total, 1.0)
         return self.lr_hyp_min + 0.5 * (self.lr_hyp - self.lr_hyp_min) * (1 + math.cos(math.pi * progress))
 
+    # --- fused accumulation ------------------------------------------------------------------
+    def _is_marglik_epoch(self, trainer: pl.Trainer) -> bool:
+        return trainer.current_epoch + 1 in marglik_epochs(trainer.max_epochs, self.burnin, self.frequency)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, module: MAPModule) -> None:
+        if not (self.fused and self._is_marglik_epoch(trainer)):
+            return
+        from laplace_lab.laplace.fused import FusedCurvature
+
+        self._fused_time = 0.0
+        self._fused = FusedCurvature(self._make_laplace(module))
+        self._fused.begin()
+        module.fused_curvature = self._fused
+
+    def on_after_backward(self, trainer: pl.Trainer, module: MAPModule) -> None:
+        if self._fused is not None:
+            start = time.perf_counter()
+            self._fused.flush()
+            self._fused_time += time.perf_counter() - start
+
     # --- the marglik step ----------------------------------------------------------------------
     def on_train_epoch_end(self, trainer: pl.Trainer, module: MAPModule) -> None:
-        epoch = trainer.current_epoch + 1
-        if epoch not in marglik_epochs(trainer.max_epochs, self.burnin, self.frequency):
+        if not self._is_marglik_epoch(trainer):
             return
         start = time.perf_counter()
-        la = self._make_laplace(module)
+        if self._fused is not None:
+            start -= self._fused_time  # the per-batch accumulation is part of the fit's cost
+            self._fused.end()
+            la, self._fused, module.fused_curvature = self._fused.la, None, None
+        else:
+            la = self._make_laplace(module)
+            la.fit(trainer.datamodule.train_eval_dataloader(batch_size=self.fit_batch_size))
         if self.log_prior is None:
             self._init_hyperparameters(module, la)
-        dm = trainer.datamodule
-        la.fit(dm.train_eval_dataloader(batch_size=self.fit_batch_size))
         fit_time = time.perf_counter() - start
         marglik = self._hyper_steps(trainer, la)
         self._write_back(module, la)
