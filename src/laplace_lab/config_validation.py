@@ -39,6 +39,13 @@ def validate_config(cfg: DictConfig) -> None:
     )
     _require(cfg.trainer.max_epochs is None or cfg.trainer.max_epochs >= 1,
              f"trainer.max_epochs must be >= 1; got {cfg.trainer.max_epochs}")
+    grid = cfg.get("map_grid")
+    _require(
+        grid is None or (len(grid) > 0 and all(isinstance(v, (int, float)) and v > 0 for v in grid)),
+        f"map_grid must be null or a non-empty list of positive prior precisions; got {grid}",
+    )
+    _require(not (grid and cfg.marglik.mode == "online"),
+             "map_grid needs marglik.mode in ['off', 'posthoc'] (online marglik learns the prior precision)")
     validate_laplace_config(cfg)
 
 

@@ -78,3 +78,12 @@ def test_map_cache_reuses_training(tmp_path):
     assert second["test/map/nll"] == first["test/map/nll"]
     third = run(compose_config(base + ["seed=3"]), tmp_path / "c")
     assert "map_cache/hit" not in third
+
+
+def test_map_grid_picks_the_best_validation_nll(tmp_path):
+    cfg = compose_config(["method=map_grid", "map_grid=[0.01,1000.0]", "trainer.max_epochs=3", "logger=csv",
+                          "trainer.enable_progress_bar=false", "evaluation=none"])
+    metrics = run(cfg, tmp_path)
+    grid = {0.01: metrics["grid/prior_0.01/val_nll"], 1000.0: metrics["grid/prior_1000/val_nll"]}
+    assert metrics["hparams/prior_precision"] == pytest.approx(min(grid, key=grid.get))
+    assert metrics["val/nll"] == pytest.approx(min(grid.values()))

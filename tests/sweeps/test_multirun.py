@@ -1,0 +1,107 @@
+"""Multiruns as a user launches them: resumable layout, failures, the summary, Ray and submitit."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import yaml
+
+from laplace_lab.sweeps.resolvers import job_subdir
+from laplace_lab.sweeps.status import is_finished, read_status
+from tests.conftest import compose_config
+from tests.sweeps.helpers import TINY, multirun, require_plugin, summary
+
+
+def test_sweep_layout_is_stable():
+    from laplace_lab.train import CONF_DIR
+
+    hydra = yaml.safe_load((CONF_DIR / "train.yaml").read_text())["hydra"]
+    assert hydra["sweep"]["dir"] == "${paths.output_root}/${experiment_name}/multirun"
+    assert "job.override_dirname" in hydra["sweep"]["subdir"]
+    assert {"hydra/launcher", "paths.output_root", "logger"} <= set(hydra["job"]["config"]["override_dirname"]["exclude_keys"])
+    assert "now:" in hydra["run"]["dir"]  # single runs keep their timestamped folder
+    assert compose_config(["experiment_name=exp"]).experiment_name == "exp"
+    assert job_subdir("seed=1,optimizer.lr=0.1") == "seed=1,optimizer.lr=0.1"
+    assert job_subdir("") == "default" and "/" not in job_subdir("experiment=a/b")
+    long = job_subdir("x" * 500)
+    assert len(long) <= 200 and long != job_subdir("x" * 499)
+
+
+def test_failed_job_is_reported_and_rerun_runs_only_unfinished(tmp_path):
+    # optimizer.lr=-1 makes torch.optim.Adam raise inside that job only.
+    args = [*TINY, "seed=0", "optimizer.lr=1e-3,1e-2,-1"]
+    proc, sweep = multirun(tmp_path, *args)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    s = summary(sweep)
+    assert s["counts"] == {"finished": 2, "skipped": 0, "failed": 1, "unfinished": 0}
+    (failed,) = s["failed"]
+    assert "optimizer.lr=-1" in failed["job"] and "learning rate" in failed["error"]
+    bad = sweep / failed["job"]
+    assert read_status(bad)["state"] == "failed" and "Traceback" in (bad / "FAILED").read_text()
+    good = [sweep / j for j in s["finished"]]
+    assert all(is_finished(d) for d in good)
+    assert all(math.isfinite(json.loads((d / "metrics.json").read_text())["val/nll"]) for d in good)
+
+    # A killed job leaves state "running": make the lr=1e-2 job look killed, then re-run the same command.
+    killed = next(d for d in good if "optimizer.lr=0.01" in d.name)
+    kept = next(d for d in good if d != killed)
+    (killed / "metrics.json").unlink()
+    status = json.loads((killed / "status.json").read_text())
+    (killed / "status.json").write_text(json.dumps({**status, "state": "running"}))
+    kept_mtime = (kept / "metrics.json").stat().st_mtime_ns
+
+    proc, sweep = multirun(tmp_path, *args)
+    assert proc.returncode == 1
+    s = summary(sweep)
+    assert s["skipped"] == [kept.name] and s["finished"] == [killed.name], (s, proc.stdout[-4000:], proc.stderr[-4000:])
+    assert s["failed"][0]["job"] == bad.name
+    assert (kept / "metrics.json").stat().st_mtime_ns == kept_mtime
+    assert read_status(bad)["attempts"] == 2 and read_status(kept)["attempts"] == 1
+    assert "Skipping job" in proc.stdout + proc.stderr
+    assert len((sweep / "launches.jsonl").read_text().splitlines()) == 2
+
+
+def test_ray_two_parallel_cpu_jobs_and_aggregation(tmp_path):
+    require_plugin("hydra_plugins.hydra_ray_launcher")
+    results = tmp_path / "results"
+    proc, sweep = multirun(tmp_path, "hydra/launcher=ray", *TINY, "seed=0,1",
+                           f"hydra.callbacks.sweep_summary.aggregate={{name:ray_tiny,metrics:[val/nll],"
+                           f"results_dir:'{results}'}}", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Ray Launcher is launching 2 jobs" in proc.stdout + proc.stderr
+    s = summary(sweep)
+    assert s["counts"]["finished"] == 2 and s["counts"]["failed"] == 0
+    jobs = [sweep / j for j in s["finished"]]
+    pids = {read_status(d)["pid"] for d in jobs}
+    assert len(pids) == 2  # each job in its own Ray worker process
+    values = [json.loads((d / "metrics.json").read_text())["val/nll"] for d in jobs]
+    assert values[0] != values[1]  # different seeds
+    rows = [line for line in (results / "ray_tiny.csv").read_text().splitlines() if not line.startswith("#")]
+    header, (row,) = rows[0].split(","), rows[1:]
+    cells = dict(zip(header, row.replace('"seed=0, seed=1"', "seeds").split(",")))
+    assert int(cells["n"]) == 2
+    assert abs(float(cells["val/nll mean"]) - statistics.mean(values)) < 1e-12
+    assert abs(float(cells["val/nll se"]) - statistics.stdev(values) / math.sqrt(2)) < 1e-12
+    md = (results / "ray_tiny.md").read_text()
+    assert "hydra/launcher=ray" in md and "seed: 0, 1" in md
+
+
+def test_submitit_configs_compose_and_local_runs_a_job(tmp_path):
+    require_plugin("hydra_plugins.hydra_submitit_launcher")
+    from hydra import compose, initialize_config_dir
+
+    from laplace_lab.train import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        slurm = compose("train", ["hydra/launcher=submitit_slurm", "hydra.launcher.partition=gpu"],
+                        return_hydra_config=True).hydra.launcher
+    assert slurm._target_.endswith("SlurmLauncher") and slurm.partition == "gpu"
+    assert slurm.gpus_per_node == 1 and slurm.timeout_min > 0 and slurm.array_parallelism > 0
+
+    proc, sweep = multirun(tmp_path, "hydra/launcher=submitit_local", *TINY, "seed=3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (job,) = summary(sweep)["finished"]
+    assert job == "data=toy2d,evaluation=none,seed=3,trainer=debug" and is_finished(sweep / job)
+    assert read_status(sweep / job)["pid"] and (sweep / ".submitit").is_dir()
