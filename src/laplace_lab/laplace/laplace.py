@@ -15,8 +15,8 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
+from laplace_lab.laplace import predictive
 from laplace_lab.laplace.capture import Capture
 from laplace_lab.laplace.curvature import CURVATURES, output_factors
 from laplace_lab.laplace.likelihoods import LIKELIHOODS, get_likelihood
@@ -299,8 +299,17 @@ class Laplace:
             z = self._structure.sample(n_samples, self._H_factor, self.prior_precision, gen)
         return self.mean + z
 
-    def __call__(self, x, pred_type: str = "glm", link_approx: str = "probit", n_samples: int = 100):
-        raise NotImplementedError("predictive: see issue 4")
+    def __call__(self, x, pred_type: str = "glm", link_approx: str | None = None, n_samples: int = 100,
+                 joint: bool = False, chunk_size: int | None = 256, return_parts: bool = False,
+                 generator: torch.Generator | None = None):
+        """Predictive at ``x`` ``[B, ...]``: classification -> probabilities ``[B, C]``; regression ->
+        ``(mean, var)`` ``[B, O]`` (``joint``: var ``[B, O, O]``; ``return_parts``: a
+        ``RegressionPredictive(mean, var, aleatoric, epistemic)``). ``pred_type`` "glm" | "nn" |
+        "map"; ``link_approx`` "probit" (default for glm) | "mc" | "bridge" | "bridge_norm".
+        See ``laplace_lab.laplace.predictive`` for conventions and differentiability."""
+        return predictive.predict(self, x, pred_type=pred_type, link_approx=link_approx, n_samples=n_samples,
+                                  joint=joint, chunk_size=chunk_size, return_parts=return_parts,
+                                  generator=generator)
 
     # ---- prior optimisation ---------------------------------------------------------------------------
     def optimize_prior_precision(
@@ -343,6 +352,7 @@ class Laplace:
             return
         if val_loader is None:
             raise ValueError("method='gridsearch' needs val_loader")
+        _check_choice("pred_type", pred_type, ("glm", "nn"))
         grid = list(grid) if grid is not None else torch.logspace(-4, 4, 21).tolist()
         best, best_nll = None, math.inf
         for value in grid:
@@ -360,26 +370,20 @@ class Laplace:
             X, y = X.to(self._device), y.to(self._device)
             if pred_type == "nn":
                 out = self._nn_samples(X, n_samples, gen)  # [S, N, ...]
+                total += float(self._predictive_nll(out, y, pred_type))
             else:
-                out = self(X, pred_type=pred_type)
-            total += float(self._predictive_nll(out, y, pred_type))
+                out = self(X, pred_type=pred_type, n_samples=n_samples, generator=gen)
+                total += float(predictive.predictive_nll(self.likelihood, out, y))
             count += X.shape[0]
         return total / count
 
     def _nn_samples(self, X, n_samples: int, generator) -> torch.Tensor:
-        """Network outputs ``[S, N, ...]`` under ``S`` parameter samples (sampled "nn" predictive)."""
-        thetas = self._structure.sample(n_samples, self._H_factor, self.prior_precision, generator) + self.mean
-        names = {id(p): n for n, p in self.model.named_parameters()}
-        outs = []
-        for theta in thetas:
-            chunks = torch.split(theta, self._sizes)
-            params = {names[id(p)]: c.view_as(p) for p, c in zip(self.params, chunks)}
-            outs.append(functional_call(self.model, params, (X,)))
-        return torch.stack(outs)
+        """Network outputs ``[S, N, C]`` under ``S`` parameter samples (sampled "nn" predictive)."""
+        return predictive.nn_samples(self, X, n_samples, generator)
 
     def _predictive_nll(self, out: torch.Tensor, y: torch.Tensor, pred_type: str) -> torch.Tensor:
         if pred_type != "nn":
-            raise NotImplementedError("predictive: see issue 4")
+            return predictive.predictive_nll(self.likelihood, out, y)
         S = out.shape[0]
         f = out.reshape(S, out.shape[1], -1)
         if self.likelihood == "classification":
