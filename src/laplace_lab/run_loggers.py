@@ -21,7 +21,7 @@ WANDB_MODES = ("offline", "online", "disabled")
 
 
 def flatten_config(cfg: DictConfig | dict, sep: str = ".") -> dict[str, Any]:
-    """``{"optimizer": {"lr": 1e-3}}`` -> ``{"optimizer.lr": 1e-3}`` (resolved; lists kept whole)."""
+    """``{"optimizer": {"lr": 1e-3}}`` -> ``{"optimizer.lr": 1e-3}`` (resolved; lists kept whole, {} -> None)."""
     data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
     flat: dict[str, Any] = {}
 
@@ -30,7 +30,7 @@ def flatten_config(cfg: DictConfig | dict, sep: str = ".") -> dict[str, Any]:
             for key, value in node.items():
                 visit(value, f"{prefix}{sep}{key}" if prefix else str(key))
         else:
-            flat[prefix] = node
+            flat[prefix] = None if node == {} else node
 
     visit(data, "")
     return flat

@@ -22,14 +22,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from laplace_lab.config_validation import validate_config
 from laplace_lab.data.base import LabDataModule
+from laplace_lab.evaluation import run_evaluation
+from laplace_lab.evaluation import validate_config as validate_evaluation_config
 from laplace_lab.run_loggers import build_loggers, finish_loggers
 from laplace_lab.sweeps.jobs import run_tracked
 from laplace_lab.training import MAPModule, map_cache
-from laplace_lab.evaluation import run_evaluation
-from laplace_lab.evaluation import validate_config as validate_evaluation_config
 from laplace_lab.training.online_marglik import OnlineMarglik
-from laplace_lab.training.predictors import laplace_predictor, map_predictor
 from laplace_lab.training.posthoc import fit_posthoc_laplace, laplace_kwargs, needs_posthoc_laplace
+from laplace_lab.training.predictors import laplace_predictor, map_predictor
 
 log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"

@@ -118,3 +118,19 @@ def test_sinusoid_learns_the_noise_std(tmp_path):
     ])
     metrics = run(cfg, tmp_path)
     assert abs(metrics["hparams/sigma_noise"] - 0.3) < 0.05
+
+
+def test_early_stopping_restores_the_best_marglik_state():
+    torch.manual_seed(0)
+    X = torch.randn(64, 2)
+    y = torch.sin(X[:, :1]) + 0.1 * torch.randn(64, 1)
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 1))
+    dm = TensorDataModule(X, y, batch_size=16)
+    module, callback, _ = fit_online(model, dm, epochs=6, lr=0.05, callback_kwargs={"n_steps": 5, "early_stopping": True})
+    margliks = [h["marglik/log_marglik"] for h in callback.history]
+    best_epoch = callback.history[margliks.index(max(margliks))]["epoch"]
+    assert callback.best_state["epoch"] == best_epoch
+    for name, p in module.model.state_dict().items():
+        assert torch.equal(p, callback.best_state["model"][name])
+    assert torch.equal(module.prior_precision, callback.best_state["prior_precision"])

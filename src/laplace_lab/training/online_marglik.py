@@ -161,7 +161,7 @@ class OnlineMarglik(pl.Callback):
         if self.early_stopping and marglik > self.best_marglik:
             self.best_marglik = marglik
             self.best_state = {
-                "epoch": epoch,
+                "epoch": trainer.current_epoch + 1,
                 "model": copy.deepcopy(module.model.state_dict()),
                 "prior_precision": module.prior_precision.clone(),
                 "log_sigma_noise": module.log_sigma_noise.clone(),
