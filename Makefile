@@ -1,4 +1,5 @@
-# Common tasks. Every target sets up .venv first (pip install -e '.[dev]' from pyproject.toml).
+# Common tasks. Every target sets up .venv first (pip install -e '.[dev,launchers,sweepers]' from
+# pyproject.toml: the sweep tests run the Ray, submitit and Optuna plugins).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -8,7 +9,7 @@ BIN := $(VENV)/bin
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,launchers,sweepers]'
 	touch $@
 
 install: $(BIN)/.installed

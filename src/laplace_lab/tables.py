@@ -1,7 +1,8 @@
 """Aggregate the finished jobs of multiruns into ``results/<name>.md`` and ``results/<name>.csv``.
 
     python -m laplace_lab.tables outputs/<experiment>/multirun --name <name> \
-        [--metrics test/map/acc test/la/nll] [--group-by model curvature] [--seed-keys seed data.split]
+        [--metrics test/map/acc test/la/nll] [--group-by model curvature] [--seed-keys seed data.split] \
+        [--figures reliability] [--results-dir results]
 
 Every job folder under the given multirun folders with a ``metrics.json`` (and, when it has a
 ``status.json`` marker, state ``finished``) is one run. Runs are grouped by the method keys: by
@@ -13,8 +14,10 @@ then its resolved config (``curvature.hessian_structure``). Each cell is mean +-
 commit(s) and dirty flag at launch, the command, the seeds, the hardware, the wall time. The CSV
 carries it as leading ``# `` lines (``pandas.read_csv(path, comment="#")``).
 
-Also called by the ``SweepSummary`` callback at the end of a multirun when
-``hydra.callbacks.sweep_summary.aggregate`` is set.
+``--figures`` copies ``figures/<fig>.png`` of each group's first seed next to the table.
+Also called by the ``SweepSummary`` callback at the end of a multirun when the config has a root
+``aggregate: {name, metrics, group_by, seed_keys, results_dir, figures}`` (or
+``hydra.callbacks.sweep_summary.aggregate``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import io
 import json
 import math
 import shlex
+import shutil
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -33,7 +37,14 @@ from typing import Any
 
 import yaml
 
-from laplace_lab.sweeps.status import ENTRY, STATUS_FILE, git_state, hardware, read_launches, read_status
+from laplace_lab.sweeps.status import (
+    ENTRY,
+    STATUS_FILE,
+    git_state,
+    hardware,
+    read_launches,
+    read_status,
+)
 
 DEFAULT_SEED_KEYS = ("seed", "data.split")
 MISSING = "-"
@@ -146,22 +157,46 @@ def default_metrics(runs: list[Run]) -> list[str]:
     return sorted({k for run in runs for k in run.metrics if not k.startswith("time/")})
 
 
-def group_rows(runs: list[Run], group_by: list[str], metrics: list[str],
-               seed_keys: tuple[str, ...]) -> list[dict[str, Any]]:
-    """One row per group: the key values, n, the seeds, and ``<metric>`` -> (mean, se, n)."""
+def group_runs(runs: list[Run], group_by: list[str]) -> dict[tuple[str, ...], list[Run]]:
+    """Runs by their group-by values (first-seen order)."""
     groups: dict[tuple[str, ...], list[Run]] = {}
     for run in runs:
         groups.setdefault(tuple(run.value(k) for k in group_by), []).append(run)
+    return groups
+
+
+def group_rows(runs: list[Run], group_by: list[str], metrics: list[str],
+               seed_keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    """One row per group: the key values, n, the seeds, and ``<metric>`` -> (mean, se, n)."""
     rows = []
-    for key, members in groups.items():
+    for key, members in group_runs(runs, group_by).items():
         row: dict[str, Any] = dict(zip(group_by, key))
         row["n"] = len(members)
-        row["seeds"] = ", ".join(sorted({" ".join(f"{s}={r.value(s)}" for s in seed_keys if r.value(s) != MISSING)
-                                         for r in members}))
+        seeds = {" ".join(f"{s}={r.value(s)}" for s in seed_keys if r.value(s) != MISSING) for r in members}
+        row["seeds"] = ", ".join(sorted(seeds, key=_natural))
         for m in metrics:
             row[m] = mean_se([r.metrics[m] for r in members if m in r.metrics])
         rows.append(row)
     return rows
+
+
+def copy_figures(runs: list[Run], group_by: list[str], figures: list[str], seed_keys: tuple[str, ...],
+                 out_dir: Path) -> list[tuple[str, str, Path]]:
+    """Copy ``figures/<fig>.png`` of each group's first seed to ``out_dir``; (group, fig, path) each."""
+    copied = []
+    for key, members in group_runs(runs, group_by).items():
+        label = ",".join(f"{k}={v}" for k, v in zip(group_by, key)) or "all"
+        first = sorted(members, key=lambda r: [_natural(r.value(s)) for s in seed_keys])
+        for fig in figures:
+            src = next((r.path / "figures" / f"{fig}.png" for r in first
+                        if (r.path / "figures" / f"{fig}.png").is_file()), None)
+            if src is None:
+                continue
+            out_dir.mkdir(parents=True, exist_ok=True)
+            dst = out_dir / f"{label.replace('/', '_')}__{fig}.png"
+            shutil.copyfile(src, dst)
+            copied.append((label, fig, dst))
+    return copied
 
 
 def reconstruct_command(runs: list[Run]) -> str:
@@ -243,7 +278,7 @@ def provenance_lines(name: str, prov: dict[str, Any]) -> list[str]:
 
 
 def to_markdown(name: str, rows: list[dict[str, Any]], group_by: list[str], metrics: list[str],
-                prov: dict[str, Any]) -> str:
+                prov: dict[str, Any], figures: list[tuple[str, str, Path]] = ()) -> str:
     head = [f"# {name}", ""] + [f"- {line}" for line in provenance_lines(name, prov)[1:]]
     head += ["", "Cells: mean ± standard error over the group's runs (n); (n=k) where a metric has fewer runs.", ""]
     columns = [*group_by, "n", *metrics]
@@ -255,6 +290,9 @@ def to_markdown(name: str, rows: list[dict[str, Any]], group_by: list[str], metr
             cell = f"{_fmt(mean)} ± {_fmt(se)}" if n > 1 else (_fmt(mean) if n == 1 else MISSING)
             cells.append(cell + (f" (n={n})" if 0 < n != row["n"] else ""))
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    if figures:
+        lines += ["", "## Figures (first seed of each group)", ""]
+        lines += [f"![{label}: {fig}]({path.parent.name}/{path.name})" for label, fig, path in figures]
     return "\n".join(head + lines) + "\n"
 
 
@@ -273,8 +311,12 @@ def to_csv(name: str, rows: list[dict[str, Any]], group_by: list[str], metrics: 
 
 def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None = None,
               group_by: list[str] | None = None, seed_keys: list[str] | tuple[str, ...] | None = None,
-              results_dir: str | Path = "results") -> list[Path]:
-    """Write ``<results_dir>/<name>.md`` and ``.csv`` from the finished runs; returns both paths."""
+              results_dir: str | Path = "results", figures: list[str] | None = None) -> list[Path]:
+    """Write ``<results_dir>/<name>.md`` and ``.csv`` from the finished runs; returns both paths.
+
+    ``figures``: names of ``figures/<fig>.png`` to copy, from each group's first seed, into
+    ``<results_dir>/<name>_figures/`` and link from the markdown.
+    """
     dirs = [Path(d) for d in sweep_dirs]
     seeds = tuple(DEFAULT_SEED_KEYS if seed_keys is None else seed_keys)
     runs = load_runs(dirs)
@@ -291,7 +333,8 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     out = Path(results_dir)
     out.mkdir(parents=True, exist_ok=True)
     md, csv_path = out / f"{name}.md", out / f"{name}.csv"
-    md.write_text(to_markdown(name, rows, keys, names, prov))
+    copied = copy_figures(runs, keys, list(figures or ()), seeds, out / f"{name}_figures")
+    md.write_text(to_markdown(name, rows, keys, names, prov, copied))
     csv_path.write_text(to_csv(name, rows, keys, names, prov))
     return [md, csv_path]
 
@@ -304,8 +347,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--group-by", nargs="+", default=None, help="method keys (default: the overrides less seeds)")
     p.add_argument("--seed-keys", nargs="+", default=list(DEFAULT_SEED_KEYS), help="replicate keys")
     p.add_argument("--results-dir", default="results", type=Path)
+    p.add_argument("--figures", nargs="+", default=None, help="figure names (figures/<name>.png) to copy")
     args = p.parse_args(argv)
-    for path in aggregate(args.sweep_dirs, args.name, args.metrics, args.group_by, args.seed_keys, args.results_dir):
+    for path in aggregate(args.sweep_dirs, args.name, args.metrics, args.group_by, args.seed_keys, args.results_dir,
+                          args.figures):
         print(path)
 
 

@@ -8,6 +8,7 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import OmegaConf
 
+from laplace_lab.config_validation import validate_config
 from laplace_lab.run_loggers import build_loggers
 from laplace_lab.train import instantiate
 from tests.conftest import CONF_DIR, compose_config
@@ -23,15 +24,25 @@ SHARED_DATA = {"mnist", "fashion_mnist", "vision_base", "uci"}
 
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_option_composes(group, option):
-    cfg = compose_config([f"{group}={option}"])
+    # a diagonal prior needs a non-KFAC structure (the default curvature is kron)
+    extra = ["curvature=diag"] if (group, option) == ("prior", "diagonal") else []
+    cfg = compose_config([f"{group}={option}", *extra])
     OmegaConf.resolve(cfg)
-    assert group in cfg
+    validate_config(cfg)
+    if group == "method":  # global presets: they name a table row
+        assert cfg.method_name == option
+    else:
+        assert group in cfg
 
 
 def test_experiment_presets_compose():
-    for preset in sorted((CONF_DIR / "experiment").glob("*.yaml")):
+    presets = sorted((CONF_DIR / "experiment").glob("*.yaml"))
+    assert presets
+    for preset in presets:
         cfg = compose_config([f"experiment={preset.stem}"])
         OmegaConf.resolve(cfg)
+        validate_config(cfg)
+        assert cfg.experiment_name == preset.stem and cfg.aggregate.name == preset.stem
 
 
 @pytest.mark.parametrize("option", sorted(f.stem for f in (CONF_DIR / "model").glob("*.yaml")))

@@ -6,6 +6,7 @@ import json
 import math
 import statistics
 
+import pytest
 import yaml
 
 from laplace_lab.sweeps.resolvers import job_subdir
@@ -67,8 +68,7 @@ def test_ray_two_parallel_cpu_jobs_and_aggregation(tmp_path):
     require_plugin("hydra_plugins.hydra_ray_launcher")
     results = tmp_path / "results"
     proc, sweep = multirun(tmp_path, "hydra/launcher=ray", *TINY, "seed=0,1",
-                           f"hydra.callbacks.sweep_summary.aggregate={{name:ray_tiny,metrics:[val/nll],"
-                           f"results_dir:'{results}'}}", timeout=300)
+                           f"+aggregate={{name:ray_tiny,metrics:[val/nll],results_dir:'{results}'}}", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Ray Launcher is launching 2 jobs" in proc.stdout + proc.stderr
     s = summary(sweep)
@@ -88,6 +88,24 @@ def test_ray_two_parallel_cpu_jobs_and_aggregation(tmp_path):
     assert "hydra/launcher=ray" in md and "seed: 0, 1" in md
 
 
+SCHEMA_WARNING = r"ignore:\s*'hydra/\w+/\w+' is validated against ConfigStore schema"
+
+
+@pytest.mark.filterwarnings(SCHEMA_WARNING)
+def test_sweeper_presets_compose():
+    from hydra import compose, initialize_config_dir
+
+    from laplace_lab.train import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        grid = compose("train", ["hydra/sweeper=map_grid"], return_hydra_config=True).hydra.sweeper
+        assert grid._target_.endswith("BasicSweeper") and "seed" in grid.params
+        require_plugin("hydra_plugins.hydra_optuna_sweeper")
+        optuna = compose("train", ["hydra/sweeper=map_optuna"], return_hydra_config=True).hydra.sweeper
+    assert optuna.direction == "minimize" and set(optuna.params) == {"optimizer.lr", "prior.prior_precision"}
+
+
+@pytest.mark.filterwarnings(SCHEMA_WARNING)
 def test_submitit_configs_compose_and_local_runs_a_job(tmp_path):
     require_plugin("hydra_plugins.hydra_submitit_launcher")
     from hydra import compose, initialize_config_dir

@@ -4,8 +4,10 @@ Configured in ``conf/train.yaml`` as ``hydra.callbacks.sweep_summary``:
 
 - ``fail_on_error`` (default true): exit with status 1 after the summary when a job failed or
   did not finish, or the aggregation failed.
-- ``aggregate`` (default null): ``{name, metrics, group_by, seed_keys, results_dir}``, passed to
-  ``laplace_lab.tables.aggregate`` to write ``<results_dir>/<name>.md`` and ``.csv``.
+- ``aggregate`` (default null): ``{name, metrics, group_by, seed_keys, results_dir, figures}``,
+  passed to ``laplace_lab.tables.aggregate`` to write ``<results_dir>/<name>.md`` and ``.csv``.
+  When null, a root-level ``aggregate`` key of the config (set by an experiment preset) is used.
+  Invalid keys stop the multirun before any job runs.
 
 At the start it appends the launch to ``<sweep dir>/launches.jsonl``; at the end it collects this
 launch's jobs from their ``status.json`` markers (finished / skipped / failed / unfinished), logs
@@ -32,7 +34,7 @@ from laplace_lab.sweeps.status import (
 )
 
 log = logging.getLogger(__name__)
-AGGREGATE_KEYS = ("name", "metrics", "group_by", "seed_keys", "results_dir")
+AGGREGATE_KEYS = ("name", "metrics", "group_by", "seed_keys", "results_dir", "figures")
 
 
 def validate_aggregate(aggregate: Any) -> dict[str, Any] | None:
@@ -42,10 +44,10 @@ def validate_aggregate(aggregate: Any) -> dict[str, Any] | None:
     spec = OmegaConf.to_container(aggregate, resolve=True) if isinstance(aggregate, DictConfig) else dict(aggregate)
     unknown = sorted(set(spec) - set(AGGREGATE_KEYS))
     if unknown:
-        raise ValueError(f"hydra.callbacks.sweep_summary.aggregate has unknown keys {unknown}; "
+        raise ValueError(f"aggregate has unknown keys {unknown}; "
                          f"allowed: {list(AGGREGATE_KEYS)}")
     if not spec.get("name"):
-        raise ValueError("hydra.callbacks.sweep_summary.aggregate.name is required (the results/<name>.md table)")
+        raise ValueError("aggregate.name is required (the results/<name>.md table)")
     return spec
 
 
@@ -77,6 +79,12 @@ class SweepSummary(Callback):
         self.launch: dict[str, Any] | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            self.aggregate = self.aggregate or validate_aggregate(OmegaConf.select(config, "aggregate"))
+        except ValueError as err:
+            # Hydra turns exceptions raised by callbacks into warnings; stop before any job runs.
+            log.error("%s", err)
+            raise SystemExit(1) from err
         self.launch = record_launch(config.hydra.sweep.dir)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
