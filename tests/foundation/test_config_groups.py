@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from laplace_lab.config_validation import validate_config
 from laplace_lab.run_loggers import build_loggers
+from laplace_lab.sweeps.callback import validate_aggregate
 from laplace_lab.train import instantiate
 from tests.conftest import CONF_DIR, compose_config
 
@@ -43,6 +44,7 @@ def test_experiment_presets_compose():
         OmegaConf.resolve(cfg)
         validate_config(cfg)
         assert cfg.experiment_name == preset.stem and cfg.aggregate.name == preset.stem
+        validate_aggregate(cfg.aggregate)
 
 
 @pytest.mark.parametrize("option", sorted(f.stem for f in (CONF_DIR / "model").glob("*.yaml")))
