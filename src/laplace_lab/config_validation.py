@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 LIKELIHOOD_CHOICES = ("auto", "classification", "regression", "heteroscedastic_regression")
 SUBSETS = ("all", "last_layer")
-STRUCTURES = ("full", "diag", "kron")
+STRUCTURES = ("full", "diag", "kron", "lowrank")
 CURVATURE_TYPES = ("ggn", "ef", "mc_fisher")
 PRIOR_STRUCTURES = ("scalar", "layerwise", "diagonal")
 MARGLIK_MODES = ("off", "online", "posthoc")
@@ -73,6 +73,12 @@ def validate_laplace_config(cfg: DictConfig) -> None:
         "is exact only for one precision per layer); allowed with kron: ['scalar', 'layerwise'], or use "
         "curvature=diag / curvature=full for a diagonal prior",
     )
+    if structure == "lowrank":
+        _require(curvature_type in ("ggn", "ef"),
+                 f"curvature.hessian_structure='lowrank' needs curvature.type in ['ggn', 'ef']; got {curvature_type!r} "
+                 "(sampled labels would change between the Lanczos matrix-vector products)")
+        n_eigs = cfg.curvature.get("n_eigs", 100)
+        _require(isinstance(n_eigs, int) and n_eigs >= 1, f"curvature.n_eigs must be a positive integer; got {n_eigs!r}")
     posthoc = cfg.marglik.get("posthoc_prior", "none")
     _require(posthoc in POSTHOC_PRIOR, f"marglik.posthoc_prior={posthoc!r} is not supported; allowed: {list(POSTHOC_PRIOR)}")
     if mode == "online":

@@ -6,6 +6,6 @@ from laplace_lab.laplace.likelihoods import LIKELIHOODS
 from laplace_lab.laplace.priors import PRIOR_STRUCTURES
 from laplace_lab.laplace.subset import SUBSETS
 
-HESSIAN_STRUCTURES = ("full", "diag", "kron")
+HESSIAN_STRUCTURES = ("full", "diag", "kron", "lowrank")
 
 __all__ = ["Laplace", "LIKELIHOODS", "CURVATURES", "PRIOR_STRUCTURES", "SUBSETS", "HESSIAN_STRUCTURES"]

@@ -9,9 +9,17 @@ then returns, per module and per call, ``g`` of shape ``[K, *output.shape]`` = `
 back-propagated to that call's output (``V``: ``[K, *f.shape]``). With ``K > 1`` the K backward
 passes are batched with ``is_grads_batched`` (vmap over the backward graph).
 
-In-place safety: the hook returns ``output + 0`` to the rest of the network and keeps the
-original tensor, so in-place activations after a layer (``ReLU(inplace=True)``) cannot corrupt
-the recorded output's gradient.
+In-place safety: with ``protect_inplace=True`` the hook returns ``output + 0`` to the rest of the
+network and keeps the original tensor, so in-place activations after a layer
+(``ReLU(inplace=True)``) cannot corrupt the recorded output's gradient. That copy costs a full
+pass over every layer output, so ``protect_inplace="auto"`` (the default) skips it when no module
+of the model declares ``inplace=True`` and records each output's version counter instead;
+``modified_inplace()`` then tells whether anything (e.g. a functional ``x.relu_()`` or
+``out += identity``) wrote into a recorded output, and the caller redoes the forward protected.
+
+Backward: for ``K > 1`` a loop of ``K`` ``autograd.grad`` calls on the retained graph was measured
+faster on CPU than one vmapped call (``is_grads_batched``) for LeNet-5 (the vmap rules of
+conv/pool backward add copies); ``batched_backward`` switches (default: loop on CPU, vmap else).
 """
 
 from __future__ import annotations
@@ -22,12 +30,42 @@ import torch
 from torch import nn
 
 
-@dataclass
 class Call:
-    args: tuple
-    kwargs: dict
-    output: torch.Tensor
-    grad: torch.Tensor | None = None  # [K, *output.shape] after backward
+    """One call of a watched module: inputs (detached), output and, after ``backward``, the output
+    gradients of the ``K`` factors: ``grads`` (a list of ``K`` tensors shaped like the output, as
+    the per-factor backward produced them) or ``grad`` (``[K, *output.shape]``; stacked lazily,
+    sample-major in memory, on first access; may also be assigned directly)."""
+
+    __slots__ = ("args", "kwargs", "output", "version", "_grad", "_grads")
+
+    def __init__(self, args: tuple, kwargs: dict, output: torch.Tensor, grad: torch.Tensor | None = None,
+                 version: int = -1):
+        self.args, self.kwargs, self.output = args, kwargs, output
+        self.version = version  # output._version when recorded (unprotected capture)
+        self._grad = grad
+        self._grads = None
+
+    @property
+    def grad(self) -> torch.Tensor | None:
+        if self._grad is None and self._grads is not None:
+            # [N, K, ...] memory seen as [K, N, ...]: (K, N) merges and per-sample regrouping
+            # stay views (``modules.flat_kn``)
+            self._grad = torch.stack(self._grads, 1).transpose(0, 1)
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: torch.Tensor | None) -> None:
+        self._grad, self._grads = value, None
+
+    @property
+    def grads(self) -> list[torch.Tensor] | None:
+        if self._grads is None and self._grad is not None:
+            return list(self._grad.unbind(0))
+        return self._grads
+
+    @grads.setter
+    def grads(self, value: list[torch.Tensor]) -> None:
+        self._grad, self._grads = None, list(value)
 
 
 @dataclass
@@ -36,11 +74,23 @@ class Record:
     calls: list[Call] = field(default_factory=list)
 
 
+def has_inplace_modules(model: nn.Module) -> bool:
+    """Whether any submodule declares ``inplace=True`` (ReLU, Dropout, Hardtanh, ...)."""
+    return any(getattr(m, "inplace", False) is True for m in model.modules())
+
+
 class Capture:
-    def __init__(self, modules: list[nn.Module], protect_inplace: bool = True):
+    def __init__(self, modules: list[nn.Module], protect_inplace: bool = True,
+                 batched_backward: bool | None = None, grad_hooks: bool = False):
         self.records = [Record(m) for m in modules]
         self._handles: list = []
         self.protect_inplace = protect_inplace
+        self.batched_backward = batched_backward
+        # grad_hooks: a tensor hook on every recorded output appends the gradient that the
+        # caller's own backward sends through it to ``call.grads`` (K = 1). Registered when the
+        # module returns, so a later in-place op cannot change what it sees (PyTorch's documented
+        # semantics for hooks registered before an in-place modification).
+        self.grad_hooks = grad_hooks
 
     def _hook(self, record: Record):
         def hook(module, args, kwargs, output):
@@ -50,9 +100,17 @@ class Capture:
                     "the Laplace engine needs modules with parameters to return one tensor"
                 )
             args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
-            record.calls.append(Call(args, kwargs, output))
+            call = Call(args, kwargs, output)
+            record.calls.append(call)
+            if self.grad_hooks and output.requires_grad:
+                def tensor_hook(g, call=call):
+                    call.grads = [g.detach()]
+
+                output.register_hook(tensor_hook)
+                return None
             if self.protect_inplace and output.requires_grad:
                 return output + 0
+            call.version = output._version
             return None
 
         return hook
@@ -68,8 +126,12 @@ class Capture:
             h.remove()
         self._handles.clear()
 
-    def backward(self, f: torch.Tensor, V: torch.Tensor) -> None:
-        """Fill ``call.grad`` ([K, *output.shape]) for every recorded call; ``V``: [K, *f.shape]."""
+    def modified_inplace(self) -> bool:
+        """True if an unprotected recorded output was written in place after its module returned."""
+        return any(c.version >= 0 and c.output._version != c.version for r in self.records for c in r.calls)
+
+    def backward(self, f: torch.Tensor, V: torch.Tensor, retain_graph: bool = False) -> None:
+        """Fill ``call.grad`` / ``call.grads`` for every recorded call; ``V``: [K, *f.shape]."""
         calls = [c for r in self.records for c in r.calls]
         K = V.shape[0]
         direct = [c for c in calls if c.output is f]
@@ -79,12 +141,22 @@ class Capture:
         if not rest:
             return
         outs = [c.output for c in rest]
-        if K == 1:
-            grads = torch.autograd.grad(f, outs, grad_outputs=V[0], allow_unused=True)
-            grads = [None if g is None else g[None] for g in grads]
+        batched = self.batched_backward
+        if batched is None:
+            batched = V.device.type != "cpu"
+        if K == 1 or not batched:
+            per_k = [torch.autograd.grad(f, outs, grad_outputs=V[k], allow_unused=True,
+                                         retain_graph=retain_graph or k < K - 1)
+                     for k in range(K)]
+            for i, c in enumerate(rest):  # kept per factor: list-aware consumers never stack them
+                if per_k[0][i] is None:
+                    c.grad = torch.zeros((K, *c.output.shape), dtype=V.dtype, device=V.device)
+                else:
+                    c.grads = [gk[i] for gk in per_k]
+            return
         else:
             grads = torch.autograd.grad(
-                f, outs, grad_outputs=V, is_grads_batched=True, allow_unused=True
+                f, outs, grad_outputs=V, is_grads_batched=True, allow_unused=True, retain_graph=retain_graph
             )
         for c, g in zip(rest, grads):
             c.grad = torch.zeros((K, *c.output.shape), dtype=V.dtype, device=V.device) if g is None else g

@@ -17,12 +17,15 @@ import torch
 from torch import nn
 
 from laplace_lab.laplace import predictive
-from laplace_lab.laplace.capture import Capture
+from laplace_lab.laplace.capture import Capture, has_inplace_modules
 from laplace_lab.laplace.curvature import CURVATURES, output_factors
 from laplace_lab.laplace.likelihoods import LIKELIHOODS, get_likelihood
+from laplace_lab.laplace.matrix_free.lowrank import LowRankStructure
 from laplace_lab.laplace.priors import PRIOR_STRUCTURES, infer_structure, to_diag, to_vector
 from laplace_lab.laplace.structures import STRUCTURES
 from laplace_lab.laplace.subset import SUBSETS, select
+
+_STRUCTURES = {**STRUCTURES, "lowrank": LowRankStructure}  # lowrank: matrix-free (issue 10)
 
 _CONFIG_KEYS = ("likelihood", "subset_of_weights", "hessian_structure", "curvature",
                 "prior_structure", "n_mc_samples")
@@ -40,7 +43,8 @@ class Laplace:
         model: the network; its current parameters are the MAP estimate.
         likelihood: "classification" | "regression" | "heteroscedastic_regression".
         subset_of_weights: "all" | "last_layer" (the model's last ``nn.Linear``, or ``last_layer_name``).
-        hessian_structure: "full" | "diag" | "kron".
+        hessian_structure: "full" | "diag" | "kron" | "lowrank" (top ``n_eigs`` GGN eigenpairs by
+            Lanczos, fitted matrix-free; see ``matrix_free.lowrank``; curvature "ggn" | "ef").
         curvature: "ggn" | "ef" | "mc_fisher" (``n_mc_samples`` sampled labels per datum).
         prior_precision: float or 1-d tensor ([1], [n_layers] or [n_params]).
         prior_structure: "scalar" | "layerwise" | "diagonal"; ``None`` infers it from
@@ -74,10 +78,11 @@ class Laplace:
         last_layer_name: str | None = None,
         generator: torch.Generator | None = None,
         seed: int | None = None,
+        n_eigs: int = 100,
     ):
         _check_choice("likelihood", likelihood, LIKELIHOODS)
         _check_choice("subset_of_weights", subset_of_weights, SUBSETS)
-        _check_choice("hessian_structure", hessian_structure, tuple(STRUCTURES))
+        _check_choice("hessian_structure", hessian_structure, tuple(_STRUCTURES))
         _check_choice("curvature", curvature, CURVATURES)
         if not (isinstance(n_mc_samples, int) and n_mc_samples >= 1):
             raise ValueError(f"n_mc_samples must be a positive int; got {n_mc_samples!r}")
@@ -103,7 +108,7 @@ class Laplace:
         if prior_structure is None:
             prior_structure = infer_structure(prior_precision, self.n_layers, self.n_params)
         _check_choice("prior_structure", prior_structure, PRIOR_STRUCTURES)
-        struct_cls = STRUCTURES[hessian_structure]
+        struct_cls = _STRUCTURES[hessian_structure]
         if prior_structure not in struct_cls.prior_structures:
             raise ValueError(
                 f"prior_structure={prior_structure!r} is not supported with "
@@ -119,7 +124,8 @@ class Laplace:
         if generator is None and seed is not None:
             generator = torch.Generator(device=self._device).manual_seed(seed)
         self.generator = generator
-        self._structure = struct_cls(self.entries, self._device, self._dtype)
+        self._structure = struct_cls(self.entries, self._device, self._dtype,
+                                     **({"n_eigs": n_eigs} if hessian_structure == "lowrank" else {}))
         self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
         self.loss = torch.zeros((), device=self._device, dtype=self._dtype)
         self.n_data = 0
@@ -173,6 +179,12 @@ class Laplace:
     # ---- fitting ----------------------------------------------------------------------------------
     def fit(self, train_loader: Iterable, override: bool = True) -> None:
         """One pass over ``train_loader`` (yields ``(X, y)``): ``fit_begin``, ``fit_batch``, ``fit_end``."""
+        if self.hessian_structure == "lowrank":  # matrix-free: loss pass + Lanczos (matrix_free.lowrank)
+            if not override:
+                raise ValueError("override=False is not supported with hessian_structure='lowrank'")
+            self.fit_begin()
+            self.loss, self.n_data, self.n_outputs = self._structure.fit(self, train_loader)
+            return self.fit_end()
         self.fit_begin(override=override)
         for X, y in train_loader:
             self.fit_batch(X, y)
@@ -194,8 +206,12 @@ class Laplace:
         y = y.to(self._device)
         modules = [e.module for e in self.entries]
         last_layer = self.subset_of_weights == "last_layer"
-        with Capture(modules, protect_inplace=not last_layer) as cap:
+        protect = not last_layer and has_inplace_modules(self.model)
+        with Capture(modules, protect_inplace=protect) as cap:
             with torch.no_grad() if last_layer else torch.enable_grad():
+                out = self.model(X)
+        if not last_layer and cap.modified_inplace():  # a functional in-place op: redo protected
+            with Capture(modules, protect_inplace=True) as cap, torch.enable_grad():
                 out = self.model(X)
         rec = cap.records[0]
         if last_layer and not (len(rec.calls) == 1 and rec.calls[0].output is out):
@@ -261,7 +277,8 @@ class Laplace:
     @property
     def H(self):
         s = self._structure
-        return {"full": lambda: s.H, "diag": lambda: s.h, "kron": lambda: s.blocks}[s.name]()
+        return {"full": lambda: s.H, "diag": lambda: s.h, "kron": lambda: s.blocks,
+                "lowrank": lambda: (s.U, s.eigvals)}[s.name]()
 
     @property
     def posterior_precision(self):

@@ -115,9 +115,11 @@ def predict(la, x: torch.Tensor, pred_type: str = "glm", link_approx: str | None
     x = x.to(la._device) if isinstance(x, torch.Tensor) else x
     was_training = la.model.training
     la.model.eval()
+    track = torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad
     try:
         if pred_type == "nn":
-            out = _from_samples(la, nn_samples(la, x, n_samples, gen, chunk_size), joint)
+            with torch.set_grad_enabled(track):
+                out = _from_samples(la, nn_samples(la, x, n_samples, gen, chunk_size), joint)
         else:
             chunks = torch.split(x, chunk_size) if chunk_size else (x,)
             view = posterior_view(la) if pred_type == "glm" else None
@@ -153,7 +155,8 @@ def _moments(la, x, diag, view, budget):
 
 def _predict_chunk(la, x, pred_type, link, n_samples, joint, gen, view, budget):
     if pred_type == "map":
-        return _map(la, la.model(x).reshape(x.shape[0], -1), joint)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and x.requires_grad):
+            return _map(la, la.model(x).reshape(x.shape[0], -1), joint)
     lik = la.likelihood
     diag = (lik == "classification" and link == "probit") or (lik == "regression" and link != "mc" and not joint)
     f, fvar = _moments(la, x, diag, view, budget)

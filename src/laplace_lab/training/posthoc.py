@@ -17,12 +17,15 @@ from laplace_lab.training.module import MAPModule
 
 def laplace_kwargs(curvature_cfg: DictConfig) -> dict:
     """Engine arguments of a ``curvature/`` config."""
-    return {
+    kwargs = {
         "subset_of_weights": curvature_cfg.subset_of_weights,
         "hessian_structure": curvature_cfg.hessian_structure,
         "curvature": curvature_cfg.type,
         "n_mc_samples": int(curvature_cfg.n_mc_samples),
     }
+    if curvature_cfg.hessian_structure == "lowrank":
+        kwargs["n_eigs"] = int(curvature_cfg.get("n_eigs", 100))
+    return kwargs
 
 
 def needs_posthoc_laplace(cfg: DictConfig) -> bool:

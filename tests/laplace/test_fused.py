@@ -1,0 +1,121 @@
+"""FusedCurvature: curvature accumulated from training steps equals ``Laplace.fit`` over the same
+batches when the weights do not move (float64, 1e-10)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from laplace_refs import cnn, data, mlp
+from torch import nn
+
+from laplace_lab.laplace import Laplace
+from laplace_lab.laplace.fused import FusedCurvature
+
+
+def _batches(X, y, bs):
+    return [(X[i:i + bs], y[i:i + bs]) for i in range(0, len(X), bs)]
+
+
+def _train_epoch_fused(model, la, batches, *, mean_loss=True, prior=1e-2, step=True):
+    """An ordinary training epoch (batch-mean NLL + L2 prior, SGD with lr=0) with the fused hooks."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    fused = FusedCurvature(la)
+    fused.begin()
+    for i, (x, y) in enumerate(batches):
+        opt.zero_grad()
+        with fused.batch(y, nll_scale=1.0 / len(y) if mean_loss else 1.0) as rec:
+            f = model(x)
+            rec.output(f)
+        if la.likelihood == "classification":
+            nll = nn.functional.cross_entropy(f, y, reduction="mean" if mean_loss else "sum")
+        else:
+            nll = 0.5 * (f - y).square().sum() / (len(y) if mean_loss else 1.0)
+        loss = nll + prior * sum(p.square().sum() for p in model.parameters())
+        loss.backward()
+        if step:
+            opt.step()
+        if i % 2 == 0:
+            fused.flush()  # else lazily at the next batch / at end()
+    fused.end()
+    return la
+
+
+def _dense(la):
+    return la._structure.dense_precision(torch.ones((), dtype=torch.float64), torch.zeros(1, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("structure", ["kron", "diag"])
+@pytest.mark.parametrize("kind,lik", [("mlp", "classification"), ("mlp", "regression"), ("cnn", "classification")])
+@pytest.mark.parametrize("curv", ["ef", "mc_fisher"])
+def test_fused_equals_fit_over_same_batches(kind, lik, structure, curv):
+    d_out = 3 if lik == "classification" else 2
+    model = (mlp(d_out=d_out) if kind == "mlp" else cnn(d_out=d_out))
+    model.train()
+    X, y = data(kind, lik, n=20, d_out=d_out)
+    batches = _batches(X, y, 6)  # uneven last batch
+    kw = dict(subset_of_weights="all", hessian_structure=structure, curvature=curv, prior_precision=0.7,
+              n_mc_samples=2)
+    ref = Laplace(model, lik, seed=3, **kw)
+    ref.fit(batches)
+    la = _train_epoch_fused(model, Laplace(model, lik, seed=3, **kw), batches)
+    assert model.training  # fused mode leaves the train/eval mode alone
+    assert la.n_data == ref.n_data == 20
+    torch.testing.assert_close(la.loss, ref.loss, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(_dense(la), _dense(ref), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(la.log_marginal_likelihood(), ref.log_marginal_likelihood(), rtol=1e-10, atol=0)
+
+
+def test_fused_ef_with_summed_loss_and_inplace_relu():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 5), nn.ReLU(inplace=True), nn.Linear(5, 4), nn.ReLU(),
+                          nn.Linear(4, 3)).double()
+    X, y = data("mlp", "classification", n=16)
+    batches = _batches(X, y, 5)
+    kw = dict(subset_of_weights="all", hessian_structure="kron", curvature="ef")
+    ref = Laplace(model, "classification", **kw)
+    ref.fit(batches)
+    la = _train_epoch_fused(model, Laplace(model, "classification", **kw), batches, mean_loss=False)
+    torch.testing.assert_close(_dense(la), _dense(ref), rtol=1e-10, atol=1e-12)
+
+
+def test_fused_with_a_moving_optimizer_runs_and_uses_final_weights():
+    model = mlp()
+    X, y = data("mlp", "classification", n=20)
+    la = Laplace(model, "classification", subset_of_weights="all", hessian_structure="kron", curvature="ef")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    fused = FusedCurvature(la)
+    fused.begin()
+    for x, yy in _batches(X, y, 5):
+        opt.zero_grad()
+        with fused.batch(yy, 1 / len(yy)) as rec:
+            f = model(x)
+            rec.output(f)
+        nn.functional.cross_entropy(f, yy).backward()
+        opt.step()
+    fused.end()
+    final = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    torch.testing.assert_close(la.mean, final)
+    assert torch.isfinite(la.log_marginal_likelihood())
+
+
+@pytest.mark.parametrize("kw, option", [
+    ({"curvature": "ggn"}, "curvature"),
+    ({"hessian_structure": "full"}, "hessian_structure"),
+    ({"subset_of_weights": "last_layer"}, "subset_of_weights"),
+])
+def test_fused_rejects_unsupported_options(kw, option):
+    base = {"subset_of_weights": "all", "hessian_structure": "kron", "curvature": "ef"} | kw
+    with pytest.raises(ValueError, match=option):
+        FusedCurvature(Laplace(mlp(), "classification", **base))
+
+
+def test_fused_flush_before_backward_raises():
+    model = mlp()
+    X, y = data("mlp", "classification", n=6)
+    fused = FusedCurvature(Laplace(model, "classification", subset_of_weights="all", hessian_structure="diag",
+                                   curvature="ef"))
+    fused.begin()
+    with fused.batch(y, 1 / 6) as rec:
+        rec.output(model(X))
+    with pytest.raises(RuntimeError, match="back-propagated"):
+        fused.flush()
