@@ -35,11 +35,11 @@ def test_bad_options_raise_value_error_naming_the_option(kw, option):
         Laplace(mlp(), lik, **kw)
 
 
-def test_unfitted_and_predictive_stub():
+def test_unfitted_calls_fail():
     la = Laplace(mlp(), "classification", subset_of_weights="all", hessian_structure="diag")
     with pytest.raises(RuntimeError, match="fit"):
         la.log_marginal_likelihood()
-    with pytest.raises(NotImplementedError, match="issue 4"):
+    with pytest.raises(RuntimeError, match="fit"):
         la(torch.zeros(1, 3))
     with pytest.raises(ValueError, match="nn.Linear"):
         Laplace(nn.Sequential(nn.Conv2d(1, 1, 1)), "classification", subset_of_weights="last_layer")
