@@ -164,7 +164,7 @@ class _LayerwiseView:
 
     def __init__(self, la):
         s = la._structure
-        c, prior = la._H_factor, la.prior_precision
+        c, prior = la._H_factor, la._structure_prior
         self.specs = []
         if s.name == "kron":
             blocks = iter(zip(s.blocks, s._deltas(prior)))
@@ -254,7 +254,7 @@ class _FullView:
     """full: dense ``Sigma`` ``[P, P]`` (one Cholesky inverse per predictive call)."""
 
     def __init__(self, la):
-        self.Sigma = la._structure.covariance(la._H_factor, la.prior_precision)
+        self.Sigma = la._structure.covariance(la._H_factor, la._structure_prior)
         self.sizes = la._structure.sizes
 
     def __call__(self, la, records, V, diag: bool, budget: int) -> torch.Tensor:

@@ -21,7 +21,9 @@ from laplace_lab.laplace.capture import Capture, has_inplace_modules
 from laplace_lab.laplace.curvature import CURVATURES, output_factors
 from laplace_lab.laplace.likelihoods import LIKELIHOODS, get_likelihood
 from laplace_lab.laplace.matrix_free.lowrank import LowRankStructure
-from laplace_lab.laplace.priors import PRIOR_STRUCTURES, infer_structure, to_diag, to_vector
+from laplace_lab.laplace.normgroups import n_groups as count_groups
+from laplace_lab.laplace.normgroups import normgroups
+from laplace_lab.laplace.priors import PRIOR_STRUCTURES, expand_groups, infer_structure, to_diag, to_vector
 from laplace_lab.laplace.structures import STRUCTURES
 from laplace_lab.laplace.subset import SUBSETS, select
 
@@ -47,8 +49,13 @@ class Laplace:
             Lanczos, fitted matrix-free; see ``matrix_free.lowrank``; curvature "ggn" | "ef").
         curvature: "ggn" | "ef" | "mc_fisher" (``n_mc_samples`` sampled labels per datum).
         prior_precision: float or 1-d tensor ([1], [n_layers] or [n_params]).
-        prior_structure: "scalar" | "layerwise" | "diagonal"; ``None`` infers it from
-            ``prior_precision``'s shape. kron supports scalar and layerwise only.
+        prior_structure: "scalar" | "layerwise" | "diagonal" | "normgroups"; ``None`` infers it from
+            ``prior_precision``'s shape. kron supports scalar, layerwise and normgroups only.
+            "normgroups" (Antoran et al. 2022): one precision per group of tensors that a
+            normalisation layer makes scale invariant, plus one for the rest (``prior_groups``
+            ``[n_layers]`` group index per tensor; default ``normgroups.normgroups(model, params)``);
+            ``prior_precision`` is then ``[n_groups]`` and the structures see its per-tensor
+            expansion ``_structure_prior``.
         prior_mean: float or [n_params] tensor.
         sigma_noise: observation noise std (regression only; must be 1 otherwise).
         temperature: posterior temperature T.
@@ -79,6 +86,7 @@ class Laplace:
         generator: torch.Generator | None = None,
         seed: int | None = None,
         n_eigs: int = 100,
+        prior_groups: torch.Tensor | None = None,
     ):
         _check_choice("likelihood", likelihood, LIKELIHOODS)
         _check_choice("subset_of_weights", subset_of_weights, SUBSETS)
@@ -109,7 +117,15 @@ class Laplace:
             prior_structure = infer_structure(prior_precision, self.n_layers, self.n_params)
         _check_choice("prior_structure", prior_structure, PRIOR_STRUCTURES)
         struct_cls = _STRUCTURES[hessian_structure]
-        if prior_structure not in struct_cls.prior_structures:
+        self.prior_groups, self.n_groups = None, None
+        if prior_structure == "normgroups":  # structures see the per-tensor (layerwise) expansion
+            groups = prior_groups if prior_groups is not None else normgroups(model, self.params)
+            groups = torch.as_tensor(groups, dtype=torch.long).reshape(-1)
+            if groups.numel() != self.n_layers or bool((groups < 0).any()):
+                raise ValueError(f"prior_groups must hold one non-negative group index per parameter tensor "
+                                 f"(n_layers={self.n_layers}); got shape {tuple(groups.shape)}")
+            self.prior_groups, self.n_groups = groups.to(self._device), count_groups(groups)
+        if (prior_structure if prior_structure != "normgroups" else "layerwise") not in struct_cls.prior_structures:
             raise ValueError(
                 f"prior_structure={prior_structure!r} is not supported with "
                 f"hessian_structure={hessian_structure!r}; allowed: {struct_cls.prior_structures}"
@@ -127,6 +143,7 @@ class Laplace:
         self._structure = struct_cls(self.entries, self._device, self._dtype,
                                      **({"n_eigs": n_eigs} if hessian_structure == "lowrank" else {}))
         self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.linear_offset = None  # [P] theta* - theta_hat once linear_mode.fit_linear_mode ran
         self.loss = torch.zeros((), device=self._device, dtype=self._dtype)
         self.n_data = 0
         self.n_outputs = None
@@ -140,12 +157,20 @@ class Laplace:
     @prior_precision.setter
     def prior_precision(self, value) -> None:
         self._prior_precision = to_vector(value, self.prior_structure, self.n_layers, self.n_params,
-                                          device=self._device, dtype=self._dtype)
+                                          device=self._device, dtype=self._dtype, n_groups=self.n_groups)
+
+    @property
+    def _structure_prior(self) -> torch.Tensor:
+        """The prior as the structures take it: ``prior_precision``, or for "normgroups" its
+        ``[n_layers]`` per-tensor expansion (graph preserved)."""
+        if self.prior_structure == "normgroups":
+            return expand_groups(self.prior_precision, self.prior_groups)
+        return self.prior_precision
 
     @property
     def prior_precision_diag(self) -> torch.Tensor:
         """``[P]`` per-parameter prior precision."""
-        return to_diag(self.prior_precision, self._sizes)
+        return to_diag(self._structure_prior, self._sizes)
 
     @property
     def prior_mean(self) -> torch.Tensor:
@@ -199,6 +224,7 @@ class Laplace:
         self._was_training = self.model.training
         self.model.eval()
         self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.linear_offset = None
 
     def fit_batch(self, X, y) -> None:
         """Accumulate curvature and loss of one batch (one forward, one batched backward)."""
@@ -259,7 +285,7 @@ class Laplace:
     @property
     def log_det_posterior_precision(self) -> torch.Tensor:
         self._check_fitted()
-        return self._structure.logdet(self._H_factor, self.prior_precision)
+        return self._structure.logdet(self._H_factor, self._structure_prior)
 
     def log_marginal_likelihood(self, prior_precision=None, sigma_noise=None) -> torch.Tensor:
         """0-dim Laplace evidence; setting ``prior_precision`` / ``sigma_noise`` (kept as
@@ -287,33 +313,33 @@ class Laplace:
         s = self._structure
         if s.name == "kron":
             return s
-        return s.precision(self._H_factor, self.prior_precision)
+        return s.precision(self._H_factor, self._structure_prior)
 
     @property
     def posterior_covariance(self) -> torch.Tensor:
         """full: [P, P] covariance; diag: [P] variances; kron: [P] marginal variances."""
         self._check_fitted()
         if self._structure.name == "full":
-            return self._structure.covariance(self._H_factor, self.prior_precision)
+            return self._structure.covariance(self._H_factor, self._structure_prior)
         return self.posterior_variance
 
     @property
     def posterior_variance(self) -> torch.Tensor:
         """[P] marginal posterior variances for every structure."""
         self._check_fitted()
-        return self._structure.posterior_variance(self._H_factor, self.prior_precision)
+        return self._structure.posterior_variance(self._H_factor, self._structure_prior)
 
     def functional_variance(self, Js: torch.Tensor) -> torch.Tensor:
         """``J Sigma J^T``: Jacobians ``[N, C, P]`` -> ``[N, C, C]`` (for the GLM predictive)."""
         self._check_fitted()
-        return self._structure.functional_variance(Js, self._H_factor, self.prior_precision)
+        return self._structure.functional_variance(Js, self._H_factor, self._structure_prior)
 
     def sample(self, n_samples: int = 100, generator: torch.Generator | None = None) -> torch.Tensor:
         """``[n_samples, P]`` draws from ``N(mean, P^{-1})``."""
         self._check_fitted()
         gen = generator if generator is not None else self.generator
         with torch.no_grad():
-            z = self._structure.sample(n_samples, self._H_factor, self.prior_precision, gen)
+            z = self._structure.sample(n_samples, self._H_factor, self._structure_prior, gen)
         return self.mean + z
 
     def __call__(self, x, pred_type: str = "glm", link_approx: str | None = None, n_samples: int = 100,
@@ -431,6 +457,7 @@ class Laplace:
             "n_data": self.n_data,
             "n_outputs": self.n_outputs,
             "structure": self._structure.state_dict(),
+            "linear_offset": self.linear_offset,
         }
 
     def load_state_dict(self, sd: dict) -> None:
@@ -446,4 +473,6 @@ class Laplace:
         self.loss = sd["loss"].to(self._device, self._dtype)
         self.n_data, self.n_outputs = sd["n_data"], sd["n_outputs"]
         self._structure.load_state_dict(sd["structure"])  # kron re-runs its eigendecompositions
+        off = sd.get("linear_offset")
+        self.linear_offset = None if off is None else off.to(self._device, self._dtype)
         self._fitted = True

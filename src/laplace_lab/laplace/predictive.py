@@ -6,6 +6,9 @@ Hand-written (the link approximations are a few lines each; the functional varia
 ``pred_type``:
 
 - ``"glm"``: the linearised network, ``f(x) ~ N(f_MAP(x), J Sigma J^T)`` (Immer et al. 2021).
+  After ``linear_mode.fit_linear_mode`` (``la.linear_offset`` set) the mean is the linear model's
+  at its mode, ``f(x; theta_hat) + J (theta* - theta_hat)``; "nn" samples around ``la.mean`` =
+  theta*, "map" stays the network at its weights.
   Classification links: ``"probit"`` (default; ``softmax(f / sqrt(1 + pi/8 diag(var)))``),
   ``"mc"`` (``n_samples`` draws of ``f``, softmax, average), ``"bridge"`` (Laplace bridge to a
   Dirichlet, returning its normalised mean; laplace-torch 0.3's formula including its zero-mean
@@ -54,6 +57,7 @@ from laplace_lab.laplace.functional_variance import (
     posterior_view,
 )
 from laplace_lab.laplace.likelihoods import HeteroscedasticRegression
+from laplace_lab.laplace.linear_mode import linear_shift
 
 PRED_TYPES = ("glm", "nn", "map")
 LINKS = ("probit", "mc", "bridge", "bridge_norm")
@@ -150,7 +154,12 @@ def glm_moments(la, x: torch.Tensor, diag: bool = False, chunk_size: int | None 
 
 def _moments(la, x, diag, view, budget):
     differentiable = torch.is_grad_enabled() and x.requires_grad
-    return functional_variance(la, x, diag=diag, differentiable=differentiable, view=view, budget=budget)
+    f, fvar = functional_variance(la, x, diag=diag, differentiable=differentiable, view=view, budget=budget)
+    offset = getattr(la, "linear_offset", None)
+    if offset is not None:  # evidence at the linear mode: mean f(x; theta_hat) + J (theta* - theta_hat)
+        with torch.set_grad_enabled(differentiable):
+            f = f + linear_shift(la, x, offset).to(f.dtype)
+    return f, fvar
 
 
 def _predict_chunk(la, x, pred_type, link, n_samples, joint, gen, view, budget):

@@ -204,7 +204,7 @@ class LowRankView:
     (``modules.per_sample_grads``), then ``J D^-1 J^T - (J G)(J G)^T``."""
 
     def __init__(self, la):
-        self.dinv, self.G = la._structure._G(la._H_factor, la.prior_precision)
+        self.dinv, self.G = la._structure._G(la._H_factor, la._structure_prior)
 
     def __call__(self, la, records, V, diag: bool, budget: int) -> torch.Tensor:
         K, N = next(c.grad for r in records for c in r.calls).shape[:2]
