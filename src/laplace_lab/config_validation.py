@@ -39,6 +39,9 @@ def validate_config(cfg: DictConfig) -> None:
     )
     _require(cfg.trainer.max_epochs is None or cfg.trainer.max_epochs >= 1,
              f"trainer.max_epochs must be >= 1; got {cfg.trainer.max_epochs}")
+    threads = cfg.get("torch_num_threads")
+    _require(threads is None or (isinstance(threads, int) and threads >= 1),
+             f"torch_num_threads must be null or a positive integer; got {threads!r}")
     grid = cfg.get("map_grid")
     _require(
         grid is None or (len(grid) > 0 and all(isinstance(v, (int, float)) and v > 0 for v in grid)),

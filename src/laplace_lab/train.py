@@ -187,6 +187,8 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     validate_evaluation_config(cfg.evaluation)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    if cfg.torch_num_threads:
+        torch.set_num_threads(int(cfg.torch_num_threads))
     loggers = build_loggers(cfg, output_dir)
     if cfg.map_grid:
         datamodule, module, trainer, metrics = train_map_grid(cfg, output_dir, loggers)
