@@ -4,8 +4,8 @@ Each measurement runs in its own subprocess (2 torch threads) so peak memory (ru
 timeouts are per method. ``--clock cpu`` (default) times with the process's CPU time (both
 threads), ``--clock wall`` with wall time: on a shared, overloaded box the wall time of the same
 fit varied 30x between runs while CPU time stayed within ~20%, so CPU time gives usable ratios.
-Reported: median fit time over repeats, as a multiple of one training epoch (forward + backward + SGD step on the same loader) and as a ratio to the fastest
-laplace-torch backend that finished (curvlinops = its default, backpack, asdfghjkl; the ``asdl``
+Reported: median fit time over repeats, as a multiple of one training epoch (forward + backward +
+SGD step on the same loader) and as a ratio to the fastest laplace-torch backend that finished (curvlinops = its default, backpack, asdfghjkl; the ``asdl``
 backend is not installable from PyPI). A watchdog kills any worker above ``--mem-limit-gib``.
 
     .venv/bin/python benchmarks/fit.py [--n-train 10000] [--repeats 3] [--timeout 600]

@@ -13,7 +13,8 @@ noise) is convex for the Gaussian and categorical likelihoods. ``fit_linear_mode
     one ``vjp`` per data chunk, the Hessian ``c sum_n J_n^T Lambda(f_lin,n) J_n + P0`` is applied by
     ``jvp`` -> output-space ``Lambda`` (``likelihood.hessian_sqrt`` at the *linearised* outputs, so
     it is the exact Hessian of ``L`` for regression and classification) -> ``vjp``, and solved by
-    ``matrix_free.cg``; Armijo backtracking on ``L``; warm-started from the previous ``theta*``;
+    ``matrix_free.cg`` preconditioned with the fitted posterior at ``theta_hat`` (full: its dense
+    covariance; otherwise its marginal variances); Armijo backtracking on ``L``; warm-started from the previous ``theta*``;
 (b) the prior precision (and optionally the noise) by maximising the Laplace evidence at
     ``theta*`` with L-BFGS on their logarithms (curvature fixed at ``theta_hat``: the fitted
     structure is reused, no data pass),
@@ -122,6 +123,7 @@ def linear_map(la, data: Iterable, delta0: torch.Tensor | None = None, *, max_ne
         p0 = la.prior_precision_diag.detach()
         mu0 = la.prior_mean.detach()
     th = obj.theta_hat
+    precond = _preconditioner(la)
     delta = torch.zeros_like(th) if delta0 is None else delta0.detach().clone().to(th)
 
     def value(d, nll):
@@ -133,7 +135,7 @@ def linear_map(la, data: Iterable, delta0: torch.Tensor | None = None, *, max_ne
         L = value(delta, nll)
         grad = c * g + p0 * (th + delta - mu0)
         step = cg(lambda V: c * obj.hessian_matmat(delta, V) + p0[:, None] * V, -grad[:, None],
-                  tol=cg_tol, max_iter=cg_max_iter).x[:, 0]
+                  precond=precond, tol=cg_tol, max_iter=cg_max_iter).x[:, 0]
         dec = -(grad @ step)
         if not dec > 0:  # CG returned no descent direction (numerically converged)
             break
@@ -148,6 +150,17 @@ def linear_map(la, data: Iterable, delta0: torch.Tensor | None = None, *, max_ne
         if dec <= tol * (1 + abs(float(L))):
             break
     return delta, nll
+
+
+def _preconditioner(la):
+    """The fitted posterior covariance at ``theta_hat`` (exact inverse Hessian of ``L`` for
+    regression with ``full``; its marginal variances otherwise) as CG preconditioner."""
+    with torch.no_grad():
+        if la.hessian_structure == "full":
+            S = la.posterior_covariance.detach()
+            return lambda R: S @ R
+        var = la.posterior_variance.detach()
+        return lambda R: var[:, None] * R
 
 
 def _maximise_evidence(la, tune_sigma_noise: bool, max_iter: int) -> float:
