@@ -11,12 +11,14 @@ precision (their Proposition 3: rescaling the group by ``k`` is matched by its p
 group may be empty) and ``1 .. G`` for the groups, numbered by their first tensor in ``params``.
 A group holds the weight and the bias of the Linear / Conv layer(s) whose output tensor is the
 input of one normalisation module (layers feeding several norm modules, e.g. by weight sharing,
-merge their groups). Only *direct* feeding counts: a residual sum ``conv(x) + shortcut`` that
-is normalised afterwards is not detected (that stream is jointly scale invariant, but only as a
-whole).
+merge their groups). Only *direct*, exclusive feeding counts: a residual sum ``conv(x) + shortcut``
+that is normalised afterwards is not detected (a pre-activation residual stream read only through
+norm layers is jointly scale invariant, but only as a whole), nor is a layer whose output is also
+used elsewhere (e.g. a stem feeding both a norm and an identity shortcut).
 
 Detection: a forward trace with hooks on ``example_input`` (``[B, ...]``): a Linear / Conv is
-grouped if every one of its calls produced a tensor that some norm module received as its input.
+grouped if every one of its calls produced a tensor that a norm module received as its input and
+that nothing else consumed (checked on the autograd graph of the trace).
 Without ``example_input`` an input is guessed from the first Linear / Conv (features, or channels
 x 32 x 32); when that forward fails the registration order is used instead (a norm module
 directly after a Linear / Conv leaf module, the ``nn.Sequential`` convention).
@@ -50,46 +52,66 @@ def _guess_input(model: nn.Module) -> torch.Tensor | None:
     return None
 
 
+def _consumers(out) -> dict:
+    """Autograd node -> set of nodes that consume its output, for the graph of ``out``."""
+    roots = [t.grad_fn for t in (out if isinstance(out, (tuple, list)) else (out,))
+             if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    cons: dict = {}
+    seen, stack = set(), list(roots)
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        for nxt, _ in node.next_functions:
+            if nxt is not None:
+                cons.setdefault(nxt, set()).add(node)
+                stack.append(nxt)
+    return cons
+
+
 def _trace(model: nn.Module, x) -> list[set[int]]:
-    """Feeding sets: per norm module fed directly, the ids of the Linear/Conv modules feeding it
-    (only modules all of whose calls feed a norm module)."""
-    produced: dict[int, nn.Module] = {}  # id(output tensor) -> producing Linear/Conv
-    keep: list[torch.Tensor] = []  # keep outputs alive so ids stay unique during the trace
+    """Feeding sets: per norm module, the ids of the Linear/Conv modules whose output is that norm
+    module's input *and nothing else's* (checked on the autograd graph: the output's only consumer
+    is the norm module's node; a tensor also used e.g. in a residual sum is not invariant)."""
+    produced: dict[int, tuple[nn.Module, torch.Tensor]] = {}  # id(output) -> (module, output)
     calls: dict[int, int] = {}
-    feeds: dict[int, set[int]] = {}  # id(module) -> ids of norm modules it fed
+    fed: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []  # (module id, norm id, input, norm output)
     handles = []
 
     def lin_hook(module, args, output):
-        produced[id(output)] = module
-        keep.append(output)
+        produced[id(output)] = (module, output)
         calls[id(module)] = calls.get(id(module), 0) + 1
 
-    def norm_hook(module, args):
+    def norm_hook(module, args, output):
         if args and isinstance(args[0], torch.Tensor) and id(args[0]) in produced:
-            src = produced[id(args[0])]
-            feeds.setdefault(id(src), set()).add(id(module))
-            fed_calls[id(src)] = fed_calls.get(id(src), 0) + 1
+            src, t = produced[id(args[0])]
+            if t is args[0]:
+                fed.append((id(src), id(module), t, output))
 
-    fed_calls: dict[int, int] = {}
     for m in model.modules():
         if isinstance(m, LINEAR_TYPES):
             handles.append(m.register_forward_hook(lin_hook))
         elif isinstance(m, NORM_TYPES):
-            handles.append(m.register_forward_pre_hook(norm_hook))
+            handles.append(m.register_forward_hook(norm_hook))
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
-            model(x)
+        with torch.enable_grad():
+            out = model(x)
     finally:
         model.train(was_training)
         for h in handles:
             h.remove()
-    sets = []
-    for mid, norms in feeds.items():
-        if fed_calls.get(mid, 0) >= calls.get(mid, 0):
-            sets.append((mid, norms))
-    return _merge(sets)
+    cons = _consumers(out)
+    ok: dict[int, int] = {}
+    norms: dict[int, set[int]] = {}
+    for mid, nid, t, o in fed:
+        if t.grad_fn is not None and cons.get(t.grad_fn, set()) != {o.grad_fn}:
+            continue  # used elsewhere too
+        ok[mid] = ok.get(mid, 0) + 1
+        norms.setdefault(mid, set()).add(nid)
+    return _merge([(mid, norms[mid]) for mid in ok if ok[mid] >= calls.get(mid, 0)])
 
 
 def _static(model: nn.Module) -> list[set[int]]:
