@@ -213,6 +213,7 @@ def _fit(model, loader, structure, prior_structure, evidence_point, init=1.0):
     return la
 
 
+@pytest.mark.slow  # unverified: did not finish within 500 s on the shared machine (see issue 9 note)
 @pytest.mark.parametrize("kind,structure", [("batchnorm", "full"), ("layernorm", "kron")])
 def test_scale_invariance_normgroups_vs_scalar(kind, structure):
     X, y, loader = _data("regression", n=30)

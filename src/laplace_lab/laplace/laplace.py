@@ -23,7 +23,13 @@ from laplace_lab.laplace.likelihoods import LIKELIHOODS, get_likelihood
 from laplace_lab.laplace.matrix_free.lowrank import LowRankStructure
 from laplace_lab.laplace.normgroups import n_groups as count_groups
 from laplace_lab.laplace.normgroups import normgroups
-from laplace_lab.laplace.priors import PRIOR_STRUCTURES, expand_groups, infer_structure, to_diag, to_vector
+from laplace_lab.laplace.priors import (
+    PRIOR_STRUCTURES,
+    expand_groups,
+    infer_structure,
+    to_diag,
+    to_vector,
+)
 from laplace_lab.laplace.structures import STRUCTURES
 from laplace_lab.laplace.subset import SUBSETS, select
 

@@ -104,7 +104,7 @@ class LinearisedObjective:
             F = self.op.lik.hessian_sqrt(ff)  # [K, N, C]
             with torch.no_grad():
                 _, vjp_fn = vjp(fn, prim)
-                JV = vmap(lambda t: jvp(fn, (prim,), (t,))[1], chunk_size=self.op.vec_chunk)(self.op.unflatten(Vt))
+                JV = vmap(lambda t, fn=fn, prim=prim: jvp(fn, (prim,), (t,))[1], chunk_size=self.op.vec_chunk)(self.op.unflatten(Vt))
                 MJV = torch.einsum("knc,bkn->bnc", F, torch.einsum("knc,bnc->bkn", F, JV))
                 out += self.op.flatten(vmap(vjp_fn, chunk_size=self.op.vec_chunk)(MJV)[0])
         return out.T
@@ -134,7 +134,7 @@ def linear_map(la, data: Iterable, delta0: torch.Tensor | None = None, *, max_ne
     for _ in range(max_newton):
         L = value(delta, nll)
         grad = c * g + p0 * (th + delta - mu0)
-        step = cg(lambda V: c * obj.hessian_matmat(delta, V) + p0[:, None] * V, -grad[:, None],
+        step = cg(lambda V, delta=delta: c * obj.hessian_matmat(delta, V) + p0[:, None] * V, -grad[:, None],
                   precond=precond, tol=cg_tol, max_iter=cg_max_iter).x[:, 0]
         dec = -(grad @ step)
         if not dec > 0:  # CG returned no descent direction (numerically converged)

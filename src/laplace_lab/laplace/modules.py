@@ -128,18 +128,18 @@ def _conv_psg_sq(m: nn.Conv2d, names: list[str], a: torch.Tensor, grads: list[to
     cache), squared and summed at once; never the ``[K, N, C_out, D_in]`` tensor of all of them.
     """
     K = len(grads)
-    N, O = grads[0].shape[:2]
+    N, n_out = grads[0].shape[:2]
     out = {}
     if "weight" in names:
         x = F.unfold(a, m.kernel_size, dilation=m.dilation, padding=m.padding, stride=m.stride)  # [N, D, S]
         xt = x.transpose(1, 2)
         D = x.shape[1]
-        step = max(1, 2**18 // max(1, K * O * max(D, x.shape[2])))
-        acc = a.new_zeros(K * O, D)
+        step = max(1, 2**18 // max(1, K * n_out * max(D, x.shape[2])))
+        acc = a.new_zeros(K * n_out, D)
         for i in range(0, N, step):
-            gg = torch.stack([gk[i:i + step].flatten(2) for gk in grads], 1).flatten(1, 2)  # [n, K O, S]
+            gg = torch.stack([gk[i:i + step].flatten(2) for gk in grads], 1).flatten(1, 2)  # [n, K n_out, S]
             acc += torch.bmm(gg, xt[i:i + step]).square().sum(0)
-        out["weight"] = acc.reshape(K, O, D).sum(0).reshape(m.weight.shape)
+        out["weight"] = acc.reshape(K, n_out, D).sum(0).reshape(m.weight.shape)
     if "bias" in names:
         out["bias"] = sum(gk.flatten(2).sum(2).square().sum(0) for gk in grads)
     return out
