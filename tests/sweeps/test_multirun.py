@@ -64,6 +64,7 @@ def test_failed_job_is_reported_and_rerun_runs_only_unfinished(tmp_path):
     assert len((sweep / "launches.jsonl").read_text().splitlines()) == 2
 
 
+@pytest.mark.slow  # Ray start-up: 20-35 s alone, timed out (300 s) on the overloaded 2-core machine
 def test_ray_two_parallel_cpu_jobs_and_aggregation(tmp_path):
     require_plugin("hydra_plugins.hydra_ray_launcher")
     results = tmp_path / "results"
