@@ -1,0 +1,107 @@
+"""Common interface of every data module in laplace-lab.
+
+A data module states what the rest of the pipeline needs to build a model, a likelihood and
+the evaluation, so nothing downstream special-cases datasets:
+
+- ``task``: ``"classification"`` or ``"regression"``.
+- ``input_shape``: shape of one input without the batch dimension.
+- ``num_outputs``: number of classes, or number of regression targets.
+- ``n_train``: size of the training set (the N in the prior term ``delta ||theta||^2 / (2N)``).
+- ``target_mean`` / ``target_std``: for regression, the statistics used to standardise
+  targets (tensors of shape ``[num_outputs]``), so metrics can be reported in original units.
+- ``input_range``: valid range of inputs (used to clamp adversarial inputs).
+- ``ood_dataloaders()``: test loaders of out-of-distribution sets, keyed by dataset name.
+"""
+
+from __future__ import annotations
+
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler, random_split
+
+
+class EpochShuffleSampler(Sampler[int]):
+    """Random permutation that depends only on ``(seed, epoch)``.
+
+    Lightning calls ``set_epoch`` at the start of every epoch, so a run resumed from a
+    checkpoint sees the same data order as the uninterrupted run.
+    """
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return iter(torch.randperm(self.n, generator=generator).tolist())
+
+
+class LabDataModule(pl.LightningDataModule):
+    """Base class: holds train/val/test datasets and builds their loaders."""
+
+    task: str = "classification"
+    input_range: tuple[float, float] | None = None
+
+    def __init__(self, batch_size: int = 128, eval_batch_size: int = 512, num_workers: int = 0, seed: int = 0):
+        super().__init__()
+        if batch_size <= 0:
+            raise ValueError(f"data.batch_size must be a positive integer; got {batch_size}")
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size
+        self.num_workers = num_workers
+        self.seed = seed
+        self.train_set: Dataset | None = None
+        self.val_set: Dataset | None = None
+        self.test_set: Dataset | None = None
+        self.target_mean: torch.Tensor | None = None
+        self.target_std: torch.Tensor | None = None
+
+    # --- to be provided by subclasses -------------------------------------------------
+    input_shape: tuple[int, ...]
+    num_outputs: int
+
+    @property
+    def n_train(self) -> int:
+        self.setup("fit")
+        return len(self.train_set)
+
+    def ood_dataloaders(self) -> dict[str, DataLoader]:
+        """Out-of-distribution test loaders; none by default."""
+        return {}
+
+    # --- loaders ----------------------------------------------------------------------
+    def _loader(self, dataset: Dataset, shuffle: bool, batch_size: int | None = None) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=batch_size or self.eval_batch_size,
+            sampler=EpochShuffleSampler(len(dataset), self.seed) if shuffle else None,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_set, shuffle=True, batch_size=self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_set, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_set, shuffle=False)
+
+    def train_eval_dataloader(self, batch_size: int | None = None) -> DataLoader:
+        """The training set in fixed order (for Laplace fits and marglik), not shuffled."""
+        return self._loader(self.train_set, shuffle=False, batch_size=batch_size or self.batch_size)
+
+
+def split_off_validation(dataset: Dataset, n_val: int, seed: int) -> tuple[Dataset, Dataset]:
+    """Split ``dataset`` into (train, val) with ``n_val`` validation points, by a fixed seed."""
+    if not 0 <= n_val < len(dataset):
+        raise ValueError(f"data.n_val must be in [0, {len(dataset)}); got {n_val}")
+    generator = torch.Generator().manual_seed(seed)
+    train, val = random_split(dataset, [len(dataset) - n_val, n_val], generator=generator)
+    return train, val

@@ -1,0 +1,89 @@
+"""The 8 UCI regression sets with the 20 standard splits (Hernandez-Lobato & Adams 2015).
+
+Layout expected under ``<data_dir>/UCI/<name>/``: ``data.txt`` (whitespace-separated rows),
+``index_features.txt``, ``index_target.txt``, ``index_train_<i>.txt``, ``index_test_<i>.txt``
+(0-based row indices) and ``n_splits.txt``. Inputs and targets are standardised with the
+statistics of the training part of the split (after the validation part is split off), so
+the likelihood's sigma is in standardised units; ``target_mean``/``target_std`` convert back.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import TensorDataset
+
+from laplace_lab.data.base import LabDataModule
+
+UCI_DATASETS = (
+    "boston-housing", "concrete", "energy", "kin8nm",
+    "naval-propulsion-plant", "power-plant", "wine-quality-red", "yacht",
+)
+UCI_FILES = ("data.txt", "index_features.txt", "index_target.txt", "n_splits.txt")
+
+
+def _read_index(path: Path) -> np.ndarray:
+    return np.loadtxt(path, dtype=np.int64, ndmin=1)
+
+
+class UCIDataModule(LabDataModule):
+    """One split of one UCI regression set, standardised.
+
+    Args:
+        name: one of ``UCI_DATASETS``.
+        split: index of the standard split, ``0 <= split < n_splits`` (20 for all 8 sets).
+        data_dir: root data directory (the set lives in ``<data_dir>/UCI/<name>``).
+        val_fraction: fraction of the split's training rows held out for validation.
+    """
+
+    task = "regression"
+    num_outputs = 1
+
+    def __init__(self, name: str = "yacht", split: int = 0, data_dir: str = "data", val_fraction: float = 0.1,
+                 **kwargs):
+        super().__init__(**kwargs)
+        if name not in UCI_DATASETS:
+            raise ValueError(f"data.name={name!r} is not a UCI set; allowed: {list(UCI_DATASETS)}")
+        self.name, self.split = name, split
+        self.root = Path(data_dir) / "UCI" / name
+        missing = [f for f in UCI_FILES if not (self.root / f).is_file()]
+        if missing:
+            raise FileNotFoundError(
+                f"UCI dataset {name!r} not found: expected {list(UCI_FILES)} and index_train_<i>.txt / "
+                f"index_test_<i>.txt in {self.root} (missing: {missing}). Set paths.data_dir or "
+                f"LAPLACE_LAB_DATA_DIR to a folder containing UCI/{name}/."
+            )
+        n_splits = int((self.root / "n_splits.txt").read_text().split()[0])
+        if not 0 <= split < n_splits:
+            raise ValueError(f"data.split={split} is out of range for {name}; allowed: 0..{n_splits - 1}")
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction must be in [0, 1); got {val_fraction}")
+        self.n_splits = n_splits
+        self.val_fraction = val_fraction
+        self._load()
+
+    def _load(self) -> None:
+        data = np.loadtxt(self.root / "data.txt")
+        features = _read_index(self.root / "index_features.txt")
+        target = _read_index(self.root / "index_target.txt")
+        train_idx = _read_index(self.root / f"index_train_{self.split}.txt")
+        test_idx = _read_index(self.root / f"index_test_{self.split}.txt")
+        perm = np.random.default_rng(self.seed).permutation(len(train_idx))
+        n_val = int(round(self.val_fraction * len(train_idx)))
+        val_idx, train_idx = train_idx[perm[:n_val]], train_idx[perm[n_val:]]
+        X, y = data[:, features], data[:, target].reshape(len(data), -1)
+        x_mean, x_std = X[train_idx].mean(0), X[train_idx].std(0)
+        x_std[x_std == 0] = 1.0
+        y_mean, y_std = y[train_idx].mean(0), y[train_idx].std(0)
+        self.input_shape = (X.shape[1],)
+        self.target_mean = torch.as_tensor(y_mean, dtype=torch.float32)
+        self.target_std = torch.as_tensor(y_std, dtype=torch.float32)
+
+        def tensors(idx: np.ndarray) -> TensorDataset:
+            Xs = torch.as_tensor((X[idx] - x_mean) / x_std, dtype=torch.float32)
+            ys = torch.as_tensor((y[idx] - y_mean) / y_std, dtype=torch.float32)
+            return TensorDataset(Xs, ys)
+
+        self.train_set, self.val_set, self.test_set = tensors(train_idx), tensors(val_idx), tensors(test_idx)

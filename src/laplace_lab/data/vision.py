@@ -1,0 +1,195 @@
+"""Image classification sets through torchvision, held in memory as tensors in [0, 1].
+
+Images are not normalised here (models that want normalisation do it themselves), so every
+pixel lies in ``input_range = (0, 1)``, which FGSM clamps to. Each dataset is checked for its
+files when the data module is built: torchvision downloads where it can, and where it cannot,
+the error names the dataset, the directory and the files expected there, before any training.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torchvision
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
+
+from laplace_lab.data.base import LabDataModule, split_off_validation
+
+log = logging.getLogger(__name__)
+
+_MNIST_RAW = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """How to load one torchvision dataset and which files it needs under the data dir."""
+
+    cls: str
+    shape: tuple[int, int, int]
+    classes: int
+    files: tuple[str, ...]
+    kwargs: tuple[tuple[str, object], ...] = ()
+    split_arg: bool = False  # SVHN takes split="train"/"test" instead of train=True/False
+
+
+VISION_DATASETS: dict[str, VisionSpec] = {
+    "mnist": VisionSpec("MNIST", (1, 28, 28), 10, tuple(f"MNIST/raw/{f}" for f in _MNIST_RAW)),
+    "fashion_mnist": VisionSpec("FashionMNIST", (1, 28, 28), 10, tuple(f"FashionMNIST/raw/{f}" for f in _MNIST_RAW)),
+    "kmnist": VisionSpec("KMNIST", (1, 28, 28), 10, tuple(f"KMNIST/raw/{f}" for f in _MNIST_RAW)),
+    "emnist": VisionSpec(
+        "EMNIST", (1, 28, 28), 47,
+        tuple(f"EMNIST/raw/emnist-balanced-{f}" for f in _MNIST_RAW),
+        kwargs=(("split", "balanced"),),
+    ),
+    "cifar10": VisionSpec("CIFAR10", (3, 32, 32), 10, ("cifar-10-batches-py/data_batch_1", "cifar-10-batches-py/test_batch")),
+    "cifar100": VisionSpec("CIFAR100", (3, 32, 32), 100, ("cifar-100-python/train", "cifar-100-python/test")),
+    "svhn": VisionSpec("SVHN", (3, 32, 32), 10, ("train_32x32.mat", "test_32x32.mat"), split_arg=True),
+    "fake_data": VisionSpec("FakeData", (3, 32, 32), 10, ()),
+}
+
+
+def check_or_download(name: str, root: Path, download: bool) -> None:
+    """Make sure ``name``'s files are under ``root``; try torchvision's download if allowed.
+
+    Raises ``FileNotFoundError`` naming the dataset, the directory and the expected files.
+    """
+    spec = VISION_DATASETS[name]
+    missing = [f for f in spec.files if not (root / f).exists()]
+    if not missing:
+        return
+    reason = "download=false"
+    if download:
+        try:
+            _torchvision_dataset(name, root, train=True, download=True)
+            _torchvision_dataset(name, root, train=False, download=True)
+            return
+        except Exception as err:  # no internet, mirror down, read-only dir ...
+            reason = f"download failed: {type(err).__name__}: {err}"
+    raise FileNotFoundError(
+        f"dataset {name!r} not found in {root} ({reason}). Expected files: {list(spec.files)}. "
+        f"Place them there, or set paths.data_dir / LAPLACE_LAB_DATA_DIR to a folder that has them."
+    )
+
+
+def _torchvision_dataset(name: str, root: Path, train: bool, download: bool = False, **extra) -> Dataset:
+    spec = VISION_DATASETS[name]
+    cls = getattr(torchvision.datasets, spec.cls)
+    kwargs = dict(spec.kwargs) | extra
+    if name == "fake_data":
+        return cls(size=kwargs.get("size", 256), image_size=spec.shape, num_classes=spec.classes,
+                   random_offset=0 if train else 10**6, transform=torchvision.transforms.ToTensor())
+    if spec.split_arg:
+        return cls(root=str(root), split="train" if train else "test", download=download, **kwargs)
+    return cls(root=str(root), train=train, download=download, **kwargs)
+
+
+def load_tensors(name: str, root: Path, train: bool, fake_size: int = 256) -> TensorDataset:
+    """Load a split of ``name`` as a ``TensorDataset`` of float images ``[N, C, H, W]`` in [0, 1]
+    and long labels ``[N]``."""
+    ds = _torchvision_dataset(name, root, train, **({"size": fake_size} if name == "fake_data" else {}))
+    if name == "fake_data":
+        X = torch.stack([ds[i][0] for i in range(len(ds))])
+        y = torch.as_tensor([int(ds[i][1]) for i in range(len(ds))])
+        return TensorDataset(X, y)
+    data = ds.data
+    data = torch.as_tensor(data)
+    if data.ndim == 3:  # MNIST family: [N, H, W]
+        if name == "emnist":  # EMNIST is stored transposed
+            data = data.transpose(1, 2)
+        data = data[:, None]
+    elif data.shape[-1] == 3:  # CIFAR: [N, H, W, C]
+        data = data.permute(0, 3, 1, 2)
+    labels = ds.targets if hasattr(ds, "targets") else ds.labels
+    return TensorDataset(data.float().div_(255.0).contiguous(), torch.as_tensor(labels).long())
+
+
+class AugmentedDataset(Dataset):
+    """Random crop (zero padding ``pad``) and horizontal flip on a tensor image dataset."""
+
+    def __init__(self, base: Dataset, pad: int = 4):
+        self.base, self.pad = base, pad
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i):
+        x, y = self.base[i]
+        if torch.rand(()) < 0.5:
+            x = x.flip(-1)
+        h, w = x.shape[-2:]
+        padded = torch.nn.functional.pad(x, [self.pad] * 4)
+        top, left = torch.randint(0, 2 * self.pad + 1, (2,)).tolist()
+        return padded[:, top:top + h, left:left + w], y
+
+
+class VisionDataModule(LabDataModule):
+    """A torchvision classification set with a fixed-seed validation split and OOD test sets.
+
+    Args:
+        name: one of ``VISION_DATASETS``.
+        data_dir: root data directory (torchvision layout).
+        n_val: validation images split off the training set by ``seed``.
+        n_train_subset: keep only the first k training images (after the split); ``None`` = all.
+        ood: names of out-of-distribution test sets (keys of ``VISION_DATASETS``).
+        ood_if_missing: ``error`` (fail at construction) or ``skip`` (warn, record in ``ood_skipped``).
+        augment: random crop + flip on training images (CIFAR-style).
+        download: let torchvision try to download missing files.
+        fake_size: number of images of ``fake_data`` per split (smoke tests).
+    """
+
+    task = "classification"
+    input_range = (0.0, 1.0)
+
+    def __init__(self, name: str = "mnist", data_dir: str = "data", n_val: int = 5000,
+                 n_train_subset: int | None = None, ood: list[str] | tuple[str, ...] = (),
+                 ood_if_missing: str = "skip", augment: bool = False, download: bool = True,
+                 fake_size: int = 256, **kwargs):
+        super().__init__(**kwargs)
+        for option, value in [("data.name", name)] + [("data.ood", o) for o in ood]:
+            if value not in VISION_DATASETS:
+                raise ValueError(f"{option}={value!r} is not supported; allowed: {sorted(VISION_DATASETS)}")
+        if ood_if_missing not in ("error", "skip"):
+            raise ValueError(f"data.ood_if_missing={ood_if_missing!r}; allowed: ['error', 'skip']")
+        self.name, self.root = name, Path(data_dir)
+        self.n_val, self.n_train_subset, self.augment, self.fake_size = n_val, n_train_subset, augment, fake_size
+        spec = VISION_DATASETS[name]
+        self.input_shape, self.num_outputs = spec.shape, spec.classes
+        check_or_download(name, self.root, download)
+        self.ood_names, self.ood_skipped = [], []
+        for ood_name in ood:
+            try:
+                check_or_download(ood_name, self.root, download)
+                self.ood_names.append(ood_name)
+            except FileNotFoundError as err:
+                if ood_if_missing == "error":
+                    raise
+                log.warning("skipping OOD set %s (data.ood_if_missing=skip): %s", ood_name, err)
+                self.ood_skipped.append(ood_name)
+        self._loaded = False
+
+    def setup(self, stage: str | None = None) -> None:
+        if self._loaded:
+            return
+        full_train = load_tensors(self.name, self.root, train=True, fake_size=self.fake_size)
+        train, self.val_set = split_off_validation(full_train, min(self.n_val, len(full_train) // 5), self.seed)
+        if self.n_train_subset is not None:
+            train = Subset(train, range(min(self.n_train_subset, len(train))))
+        self.train_plain = train
+        self.train_set = AugmentedDataset(train) if self.augment else train
+        self.test_set = load_tensors(self.name, self.root, train=False, fake_size=self.fake_size)
+        self._loaded = True
+
+    def train_eval_dataloader(self, batch_size: int | None = None) -> DataLoader:
+        """Training images without augmentation, in fixed order (for Laplace fits)."""
+        self.setup("fit")
+        return self._loader(self.train_plain, shuffle=False, batch_size=batch_size or self.batch_size)
+
+    def ood_dataloaders(self) -> dict[str, DataLoader]:
+        """Test splits of the configured OOD sets that are available."""
+        return {
+            n: self._loader(load_tensors(n, self.root, train=False, fake_size=self.fake_size), shuffle=False)
+            for n in self.ood_names
+        }
