@@ -94,8 +94,10 @@ class LabDataModule(pl.LightningDataModule):
         return self._loader(self.test_set, shuffle=False)
 
     def train_eval_dataloader(self, batch_size: int | None = None) -> DataLoader:
-        """The training set in fixed order (for Laplace fits and marglik), not shuffled."""
-        return self._loader(self.train_set, shuffle=False, batch_size=batch_size or self.batch_size)
+        """The training set in fixed order (for Laplace fits and marglik), not shuffled; batches of
+        ``batch_size`` or ``eval_batch_size`` (the fit sums over data, so only speed and memory
+        depend on it)."""
+        return self._loader(self.train_set, shuffle=False, batch_size=batch_size or self.eval_batch_size)
 
 
 def split_off_validation(dataset: Dataset, n_val: int, seed: int) -> tuple[Dataset, Dataset]:

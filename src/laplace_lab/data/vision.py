@@ -185,7 +185,7 @@ class VisionDataModule(LabDataModule):
     def train_eval_dataloader(self, batch_size: int | None = None) -> DataLoader:
         """Training images without augmentation, in fixed order (for Laplace fits)."""
         self.setup("fit")
-        return self._loader(self.train_plain, shuffle=False, batch_size=batch_size or self.batch_size)
+        return self._loader(self.train_plain, shuffle=False, batch_size=batch_size or self.eval_batch_size)
 
     def ood_dataloaders(self) -> dict[str, DataLoader]:
         """Test splits of the configured OOD sets that are available."""
