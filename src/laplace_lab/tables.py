@@ -37,6 +37,8 @@ from typing import Any
 
 import yaml
 
+from laplace_lab.model_selection import rank_candidates, validate_spec
+from laplace_lab.model_selection import to_markdown as selection_markdown
 from laplace_lab.sweeps.status import (
     ENTRY,
     STATUS_FILE,
@@ -311,12 +313,16 @@ def to_csv(name: str, rows: list[dict[str, Any]], group_by: list[str], metrics: 
 
 def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None = None,
               group_by: list[str] | None = None, seed_keys: list[str] | tuple[str, ...] | None = None,
-              results_dir: str | Path = "results", figures: list[str] | None = None) -> list[Path]:
+              results_dir: str | Path = "results", figures: list[str] | None = None,
+              model_selection: dict[str, Any] | None = None) -> list[Path]:
     """Write ``<results_dir>/<name>.md`` and ``.csv`` from the finished runs; returns both paths.
 
     ``figures``: names of ``figures/<fig>.png`` to copy, from each group's first seed, into
-    ``<results_dir>/<name>_figures/`` and link from the markdown.
+    ``<results_dir>/<name>_figures/`` and link from the markdown. ``model_selection``: a
+    ``laplace_lab.model_selection`` spec; appends the marglik ranking section to the markdown.
     """
+    if model_selection is not None:
+        model_selection = validate_spec(model_selection)
     dirs = [Path(d) for d in sweep_dirs]
     seeds = tuple(DEFAULT_SEED_KEYS if seed_keys is None else seed_keys)
     runs = load_runs(dirs)
@@ -334,7 +340,10 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     out.mkdir(parents=True, exist_ok=True)
     md, csv_path = out / f"{name}.md", out / f"{name}.csv"
     copied = copy_figures(runs, keys, list(figures or ()), seeds, out / f"{name}_figures")
-    md.write_text(to_markdown(name, rows, keys, names, prov, copied))
+    text = to_markdown(name, rows, keys, names, prov, copied)
+    if model_selection is not None:
+        text += "\n".join(selection_markdown(rank_candidates(runs, model_selection), model_selection)) + "\n"
+    md.write_text(text)
     csv_path.write_text(to_csv(name, rows, keys, names, prov))
     return [md, csv_path]
 

@@ -156,3 +156,15 @@ def test_root_aggregate_key_is_validated_before_jobs_run(tmp_path):
     good = OmegaConf.create({"aggregate": {"name": "t", "figures": ["x"]}, "hydra": {"sweep": {"dir": str(tmp_path)}}})
     callback.on_multirun_start(good)
     assert callback.aggregate == {"name": "t", "figures": ["x"]} and (tmp_path / "launches.jsonl").is_file()
+
+
+def test_model_selection_section_in_markdown(sweep, tmp_path):
+    spec = {"score": "test/map/acc", "candidates": ["model"], "within": ["seed"], "targets": ["test/la/nll"]}
+    md, _ = tables.aggregate([sweep], "sel", metrics=["test/map/acc"], results_dir=tmp_path, model_selection=spec)
+    text = md.read_text()
+    assert "## Model selection by marginal likelihood" in text
+    # seed 0: mlp acc 0.91 > lenet 0.5 and mlp nll 0.31 < lenet 1.25: same order, tau +1
+    section = text.split("### seed=0")[1].split("###")[0]
+    assert "tau 1.0000, best agrees: True" in section
+    with pytest.raises(ValueError, match="model_selection has unknown keys"):
+        validate_aggregate({"name": "t", "model_selection": {**spec, "typo": 1}})

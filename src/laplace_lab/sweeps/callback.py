@@ -4,7 +4,8 @@ Configured in ``conf/train.yaml`` as ``hydra.callbacks.sweep_summary``:
 
 - ``fail_on_error`` (default true): exit with status 1 after the summary when a job failed or
   did not finish, or the aggregation failed.
-- ``aggregate`` (default null): ``{name, metrics, group_by, seed_keys, results_dir, figures}``,
+- ``aggregate`` (default null): ``{name, metrics, group_by, seed_keys, results_dir, figures,
+  model_selection}``,
   passed to ``laplace_lab.tables.aggregate`` to write ``<results_dir>/<name>.md`` and ``.csv``.
   When null, a root-level ``aggregate`` key of the config (set by an experiment preset) is used.
   Invalid keys stop the multirun before any job runs.
@@ -23,6 +24,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from laplace_lab.model_selection import validate_spec
 from laplace_lab.sweeps.status import (
     STATUS_FILE,
     SUMMARY_FILE,
@@ -34,7 +36,7 @@ from laplace_lab.sweeps.status import (
 )
 
 log = logging.getLogger(__name__)
-AGGREGATE_KEYS = ("name", "metrics", "group_by", "seed_keys", "results_dir", "figures")
+AGGREGATE_KEYS = ("name", "metrics", "group_by", "seed_keys", "results_dir", "figures", "model_selection")
 
 
 def validate_aggregate(aggregate: Any) -> dict[str, Any] | None:
@@ -48,6 +50,8 @@ def validate_aggregate(aggregate: Any) -> dict[str, Any] | None:
                          f"allowed: {list(AGGREGATE_KEYS)}")
     if not spec.get("name"):
         raise ValueError("aggregate.name is required (the results/<name>.md table)")
+    if spec.get("model_selection") is not None:
+        validate_spec(spec["model_selection"])
     return spec
 
 

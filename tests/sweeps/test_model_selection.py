@@ -1,0 +1,61 @@
+"""laplace_lab.model_selection: marglik rankings vs held-out metrics, on hand-made runs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from laplace_lab import model_selection as ms
+from laplace_lab.tables import Run
+
+
+def run(data: str, model: str, method: str, **metrics) -> Run:
+    return Run(path=None, metrics=metrics, overrides={"data.name": data, "model": model, "method_name": method})
+
+
+SPEC = {"score": "laplace/log_marglik", "candidates": ["model"], "within": ["data.name"],
+        "targets": ["test/acc", "test/nll"], "where": {"method_name": "online"}}
+
+
+def test_kendall_tau_known_values():
+    assert ms.kendall_tau([1, 2, 3], [10, 20, 30]) == 1.0
+    assert ms.kendall_tau([1, 2, 3], [30, 20, 10]) == -1.0
+    assert ms.kendall_tau([1, 2, 3], [10, 30, 20]) == pytest.approx(1 / 3)
+    assert math.isnan(ms.kendall_tau([1.0], [2.0]))
+
+
+def test_direction_from_metric_name():
+    assert ms.higher_is_better("test/la/acc") and ms.higher_is_better("laplace/log_marglik")
+    assert not ms.higher_is_better("test/la/nll") and not ms.higher_is_better("test/map/ece")
+
+
+def test_rankings_means_tau_and_filter():
+    runs = [run("mnist", "mlp", "online", **{"laplace/log_marglik": -300.0, "test/acc": 0.95, "test/nll": 0.20}),
+            run("mnist", "mlp", "online", **{"laplace/log_marglik": -200.0, "test/acc": 0.97, "test/nll": 0.10}),
+            run("mnist", "lenet", "online", **{"laplace/log_marglik": -100.0, "test/acc": 0.99, "test/nll": 0.05}),
+            run("mnist", "cnn", "online", **{"laplace/log_marglik": -400.0, "test/acc": 0.98, "test/nll": 0.50}),
+            # other method: ignored (it would reverse the mlp/lenet order)
+            run("mnist", "mlp", "map", **{"laplace/log_marglik": 0.0, "test/acc": 0.1, "test/nll": 9.0}),
+            run("fmnist", "mlp", "online", **{"laplace/log_marglik": -10.0, "test/acc": 0.80, "test/nll": 0.6}),
+            run("fmnist", "lenet", "online", **{"laplace/log_marglik": -20.0, "test/acc": 0.90, "test/nll": 0.3})]
+    out = {e["within"]["data.name"]: e for e in ms.rank_candidates(runs, SPEC)}
+    mnist = out["mnist"]
+    assert [c["model"] for c in mnist["candidates"]] == ["mlp", "lenet", "cnn"]
+    assert mnist["n_runs"] == [2, 1, 1]
+    assert mnist["means"]["laplace/log_marglik"] == [-250.0, -100.0, -400.0]
+    # score order lenet > mlp > cnn; acc order lenet > cnn > mlp: pairs (l,m)+ (l,c)+ (m,c)- -> 1/3
+    assert mnist["agreement"]["test/acc"]["kendall_tau"] == pytest.approx(1 / 3)
+    assert mnist["agreement"]["test/acc"]["top_agrees"] is True
+    # nll (lower better): lenet < mlp < cnn: same order as the score
+    assert mnist["agreement"]["test/nll"]["kendall_tau"] == 1.0
+    assert out["fmnist"]["agreement"]["test/acc"] == {"kendall_tau": -1.0, "top_agrees": False}
+    text = "\n".join(ms.to_markdown(list(out.values()), SPEC))
+    assert "### data.name=mnist" in text and "tau 0.3333" in text and "best agrees: False" in text
+
+
+def test_spec_errors_name_the_keys():
+    with pytest.raises(ValueError, match=r"unknown keys \['scores'\].*allowed"):
+        ms.validate_spec({**SPEC, "scores": 1})
+    with pytest.raises(ValueError, match=r"needs \['targets'\]"):
+        ms.validate_spec({k: v for k, v in SPEC.items() if k != "targets"})
