@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -238,3 +239,25 @@ def test_marglik_gradients_match_finite_differences(structure):
     torch.testing.assert_close(g_pp, fd_pp, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(g_s, fd_s, rtol=1e-6, atol=1e-7)
     assert g_pp.abs().min() > 0  # non-trivial gradients
+
+
+@pytest.mark.parametrize("kind", ["linear", "mlp"])
+def test_full_float32_model_small_noise_logdet_is_exact(kind):
+    """A float32 model with tiny noise: c = 1/sigma^2 = 1e8 times float32 rounding of a rank-deficient
+    ``V^T V`` (P > N) would exceed the prior precision 1 and break Cholesky; the full structure
+    accumulates in float64, so the log det matches the dense float64 reference."""
+    torch.manual_seed(0)
+    model = nn.Linear(50, 1) if kind == "linear" else nn.Sequential(nn.Linear(5, 8), nn.Tanh(), nn.Linear(8, 1))
+    X = torch.randn(20, model[0].in_features if kind == "mlp" else 50)
+    y = torch.randn(20, 1)
+    sigma = 1e-4
+    la = Laplace(model, "regression", subset_of_weights="all", hessian_structure="full", sigma_noise=sigma,
+                 prior_precision=1.0)
+    la.fit(loader(X, y))
+    assert la.n_params > len(X)  # rank-deficient curvature: the prior alone keeps it definite
+    ref_model = copy.deepcopy(model).double()
+    la64 = Laplace(ref_model, "regression", subset_of_weights="all", hessian_structure="full")
+    H = dense_curvature(ref_model, la64, X.double(), y.double(), "ggn", "regression")
+    ref = torch.linalg.slogdet(H / sigma**2 + torch.eye(la.n_params, dtype=torch.float64))[1]
+    assert la.H.dtype == torch.float32
+    assert float(la.log_det_posterior_precision) == pytest.approx(float(ref), rel=1e-5)

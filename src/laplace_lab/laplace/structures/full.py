@@ -5,6 +5,10 @@ subset (from ``modules.per_sample_grads``; the full matrix is P x P anyway). A s
 layer with 2-d input (the last-layer case) uses ``sum_n M_n (x) a_n a_n^T`` with
 ``M_n = sum_k g_nk g_nk^T`` instead, so ``phi (x) I`` is never formed.
 Queries use a Cholesky factor of ``c H + diag(prior)`` computed per call (differentiable).
+``H`` is accumulated and factorised in float64 whatever the model's dtype: a float32 ``V^T V`` is
+PSD only up to rounding of order 1e-7 ||H||, which a large ``c`` (small noise: 1/sigma^2) turns
+into negative eigenvalues larger than a small prior precision, and Cholesky fails. Results are
+returned in the model's dtype.
 """
 
 from __future__ import annotations
@@ -44,14 +48,20 @@ class FullStructure(Structure):
     name = "full"
 
     def reset(self):
-        self.H = torch.zeros(self.n_params, self.n_params, device=self.device, dtype=self.dtype)
+        self._H = torch.zeros(self.n_params, self.n_params, device=self.device, dtype=torch.float64)
+
+    @property
+    def H(self) -> torch.Tensor:
+        """``[P, P]`` curvature in the model's dtype (accumulated in float64)."""
+        return self._H.to(self.dtype)
 
     def accumulate(self, records):
         if len(self.entries) == 1 and isinstance(self.entries[0].module, nn.Linear):
             calls = records[0].calls
             if len(calls) == 1 and calls[0].args[0].ndim == 2:
                 a = rows_in(self.entries[0].module, calls[0].args[0])[:, 0]
-                self.H += _linear_full_block(self.entries[0].module, self.entries[0].names, a, calls[0].grad)
+                self._H += _linear_full_block(self.entries[0].module, self.entries[0].names, a.double(),
+                                              calls[0].grad.double())
                 return
         K, N = next(c.grad for r in records for c in r.calls).shape[:2]
         for ks in _k_chunks(K, N, self.n_params):
@@ -62,27 +72,30 @@ class FullStructure(Structure):
                     continue
                 psg = per_sample_grads(e.module, e.names, r.calls, ks)
                 cols += [psg[n].reshape(-1, getattr(e.module, n).numel()) for n in e.names]
-            V = torch.cat(cols, 1)
-            self.H += V.T @ V
+            V = torch.cat(cols, 1).double()
+            self._H += V.T @ V
+
+    def _precision64(self, c, prior):
+        return torch.as_tensor(c).double() * self._H + torch.diag(to_diag(prior, self.sizes).double())
 
     def precision(self, c, prior):
-        """``[P, P]`` posterior precision."""
-        return c * self.H + torch.diag(to_diag(prior, self.sizes))
+        """``[P, P]`` posterior precision (model dtype)."""
+        return self._precision64(c, prior).to(self.dtype)
 
     def cholesky(self, c, prior):
-        """Lower Cholesky factor ``L`` of the posterior precision (``P = L L^T``)."""
-        return torch.linalg.cholesky(self.precision(c, prior))
+        """Lower Cholesky factor ``L`` (float64) of the posterior precision (``P = L L^T``)."""
+        return torch.linalg.cholesky(self._precision64(c, prior))
 
     def covariance(self, c, prior):
-        return torch.cholesky_inverse(self.cholesky(c, prior))
+        return torch.cholesky_inverse(self.cholesky(c, prior)).to(self.dtype)
 
     def logdet(self, c, prior):
-        return 2 * self.cholesky(c, prior).diagonal().log().sum()
+        return (2 * self.cholesky(c, prior).diagonal().log().sum()).to(self.dtype)
 
     def sample(self, n, c, prior, generator=None):
         L = self.cholesky(c, prior)
-        z = self._randn(self.n_params, n, generator=generator)
-        return torch.linalg.solve_triangular(L.T, z, upper=True).T
+        z = self._randn(self.n_params, n, generator=generator).double()
+        return torch.linalg.solve_triangular(L.T, z, upper=True).T.to(self.dtype)
 
     def functional_variance(self, Js, c, prior):
         return torch.einsum("ncp,pq,nkq->nck", Js, self.covariance(c, prior), Js)
@@ -94,7 +107,7 @@ class FullStructure(Structure):
         return self.precision(c, prior)
 
     def state_dict(self):
-        return {"H": self.H}
+        return {"H": self._H}
 
     def load_state_dict(self, sd):
-        self.H = sd["H"].to(self.device, self.dtype)
+        self._H = sd["H"].to(self.device, torch.float64)
