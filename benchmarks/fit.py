@@ -1,6 +1,6 @@
 """Benchmark: Laplace fit time and peak memory on LeNet-5 / first 10k MNIST images, batch 128.
 
-Each measurement runs in its own subprocess (2 torch threads) so peak memory (ru_maxrss) and
+Each measurement runs in its own subprocess (2 torch threads, ``--threads``) so peak memory (ru_maxrss) and
 timeouts are per method. ``--clock cpu`` (default) times with the process's CPU time (both
 threads), ``--clock wall`` with wall time: on a shared, overloaded box the wall time of the same
 fit varied 30x between runs while CPU time stayed within ~20%, so CPU time gives usable ratios.
@@ -36,10 +36,10 @@ PEERS = ("curvlinops", "backpack", "asdfghjkl")  # asdfghjkl 0.1a4 fails with la
 
 
 # ------------------------------------------------------------------------------------------ worker
-def _setup(n_train: int, batch_size: int):
+def _setup(n_train: int, batch_size: int, threads: int = 2):
     import torch
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     torch.manual_seed(0)
     root = os.environ.get("LAPLACE_LAB_DATA_DIR", "/work/shared/data")
     import torchvision
@@ -105,7 +105,7 @@ def _fit_fn(impl: str, method: str, model, loader):
 def worker(args) -> None:
     import torch
 
-    model, loader = _setup(args.n_train, args.batch_size)
+    model, loader = _setup(args.n_train, args.batch_size, args.threads)
     if args.weights:
         model.load_state_dict(torch.load(args.weights))
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -176,6 +176,8 @@ def main() -> None:
     p.add_argument("--peers", default=",".join(PEERS))
     p.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="process CPU time or wall time")
     p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--threads", type=int, default=2,
+                   help="torch threads per worker (1 with --clock cpu is robust on a shared, loaded box)")
     p.add_argument("--impl", help=argparse.SUPPRESS)
     p.add_argument("--method", help=argparse.SUPPRESS)
     p.add_argument("--weights", help=argparse.SUPPRESS)
@@ -185,7 +187,7 @@ def main() -> None:
         return worker(args)
 
     base = [sys.executable, __file__, "--n-train", str(args.n_train), "--batch-size", str(args.batch_size),
-            "--cheap-s", str(args.cheap_s), "--clock", args.clock]
+            "--cheap-s", str(args.cheap_s), "--clock", args.clock, "--threads", str(args.threads)]
     tmp = Path(tempfile.mkdtemp()) / "lenet.pt"
     t0 = time.time()
     tr = _run(base + ["--impl", "train", "--repeats", str(args.repeats), "--save", str(tmp)],
@@ -193,7 +195,7 @@ def main() -> None:
     if "error" in tr:
         raise SystemExit(f"training failed: {tr['error']}")
     epoch = statistics.median(tr["times"])
-    print(f"LeNet-5, MNIST first {args.n_train}, batch {args.batch_size}, 2 threads, {args.clock} time; "
+    print(f"LeNet-5, MNIST first {args.n_train}, batch {args.batch_size}, {args.threads} threads, {args.clock} time; "
           f"training epoch (median of {len(tr['times'])}): {epoch:.2f} s, peak RSS {tr['peak_kib'] / 2**20:.2f} GiB")
     peers = [x for x in args.peers.split(",") if x]
     rows = []

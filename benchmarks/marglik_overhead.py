@@ -1,13 +1,23 @@
 """Benchmark: cost of online marglik (Immer et al. 2021, Alg. 1) per training epoch.
 
 LeNet-5 on the first 10k MNIST training images, batch 128, KFAC, F=1, K=100, 3 epochs, 2 torch
-threads. Reported per method: median epoch time (training + marglik step) as a multiple of a
-plain MAP epoch measured in the same run (our Lightning loop, and a bare PyTorch loop), the
+threads. Reported per method: median epoch time (training + marglik step; ``--clock wall`` or
+``cpu``) as a multiple of a plain MAP epoch measured in the same run (our Lightning loop, and a
+bare PyTorch loop), the
 speed-up against laplace-torch's ``marglik_training`` (its curvlinops and backpack backends;
 its default asdl backend is not installable here), and, for the fused modes, how far the final
 log marglik and the test metrics are from the exact pass.
 
+With ``--repeats R`` every row (the plain epochs included) runs ``R`` times, interleaved, and each
+ratio is the median over repeats of (median epoch of the row) / (median plain epoch of the same
+repeat), so a load change between repeats does not bias one row. Our rows also report the
+marglik step at the epoch end (fit or, fused, the final flush + eigendecompositions, and the K
+hyper steps) from the callback's log.
+
     .venv/bin/python benchmarks/marglik_overhead.py [--epochs 3] [--n-steps 100] [--n-train 10000]
+        [--repeats 1] [--threads 2] [--clock wall] [--methods ggn,ef,mc,fused-ef,fused-mc] [--skip-peer]
+
+The marglik-step columns come from the callback's log (wall clock either way).
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from laplace_lab.training import MAPModule
 from laplace_lab.training.online_marglik import OnlineMarglik
 
 DATA_DIR = os.environ.get("LAPLACE_LAB_DATA_DIR", "../shared/data")
+CLOCK = time.perf_counter  # --clock cpu: time.process_time (robust to other jobs on a shared box)
 
 
 class EpochTimer(pl.Callback):
@@ -36,10 +47,10 @@ class EpochTimer(pl.Callback):
         self.times: list[float] = []
 
     def on_train_epoch_start(self, trainer, module):
-        self._start = time.perf_counter()
+        self._start = CLOCK()
 
     def on_train_epoch_end(self, trainer, module):
-        self.times.append(time.perf_counter() - self._start)
+        self.times.append(CLOCK() - self._start)
 
 
 def datamodule(n_train: int) -> VisionDataModule:
@@ -80,7 +91,10 @@ def run_ours(dm, epochs, n_steps, structure_type=None, fused=False):
     trainer.fit(module, datamodule=dm)
     acc, nll = test_metrics(model, dm)
     final = marglik.history[-1]["marglik/log_marglik"] if marglik else float("nan")
-    return timer.times, acc, nll, final
+    # per marglik step: (fit or fused accumulation, hyper steps) seconds
+    steps = [(h["marglik/fit_time_s"], h["marglik/time_s"] - h["marglik/fit_time_s"]) for h in marglik.history] \
+        if marglik else []
+    return timer.times, acc, nll, final, steps
 
 
 def run_torch_map(dm, epochs):
@@ -89,12 +103,12 @@ def run_torch_map(dm, epochs):
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     times = []
     for _ in range(epochs):
-        start = time.perf_counter()
+        start = CLOCK()
         for x, y in dm.train_dataloader():
             opt.zero_grad()
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
-        times.append(time.perf_counter() - start)
+        times.append(CLOCK() - start)
     return times
 
 
@@ -105,15 +119,25 @@ def run_laplace_torch(dm, epochs, n_steps, backend_name):
     backend = {"curvlinops": CurvlinopsGGN, "backpack": BackPackGGN}[backend_name]
     torch.manual_seed(0)
     model = LeNet((1, 28, 28), 10)
-    start = time.perf_counter()
+    start = CLOCK()
     la, model, margliks, _ = marglik_training(
         model, dm.train_dataloader(), likelihood="classification", hessian_structure="kron", backend=backend,
         n_epochs=epochs, lr_hyp=0.1, prior_structure="layerwise", n_hypersteps=n_steps, marglik_frequency=1,
         optimizer_kwargs={"lr": 1e-3},
     )
-    total = time.perf_counter() - start
+    total = CLOCK() - start
     acc, nll = test_metrics(model, dm)
-    return [total / epochs] * epochs, acc, nll, -float(margliks[-1])
+    return [total / epochs] * epochs, acc, nll, -float(margliks[-1]), []
+
+
+METHODS = {
+    "ggn": ("ours exact, KFAC-GGN", {"structure_type": "ggn"}),
+    "ef": ("ours exact, KFAC-EF", {"structure_type": "ef"}),
+    "mc": ("ours exact, KFAC-MC-Fisher", {"structure_type": "mc_fisher"}),
+    "fused-ef": ("ours fused, KFAC-EF", {"structure_type": "ef", "fused": True}),
+    "fused-mc": ("ours fused, KFAC-MC-Fisher", {"structure_type": "mc_fisher", "fused": True}),
+}
+EXACT_OF = {"ours fused, KFAC-EF": "ours exact, KFAC-EF", "ours fused, KFAC-MC-Fisher": "ours exact, KFAC-MC-Fisher"}
 
 
 def main() -> None:
@@ -121,37 +145,67 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--n-steps", type=int, default=100)
     parser.add_argument("--n-train", type=int, default=10000)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--methods", default=",".join(METHODS), help=f"subset of {','.join(METHODS)}")
     parser.add_argument("--skip-peer", action="store_true")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="wall: perf_counter; cpu: process CPU time (for a loaded machine, with --threads 1)")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    global CLOCK
+    CLOCK = time.perf_counter if args.clock == "wall" else time.process_time
+    torch.set_num_threads(args.threads)
     dm = datamodule(args.n_train)
     print(f"LeNet-5, {args.n_train} MNIST images, batch 128, {args.epochs} epochs, K={args.n_steps}, F=1, "
-          f"{torch.get_num_threads()} threads")
-    bare = statistics.median(run_torch_map(dm, args.epochs))
-    plain, acc0, nll0, _ = run_ours(dm, args.epochs, args.n_steps)
-    plain = statistics.median(plain)
-    rows = {}
-    for name, kw in [("ours exact, KFAC-GGN", {"structure_type": "ggn"}),
-                     ("ours exact, KFAC-EF", {"structure_type": "ef"}),
-                     ("ours exact, KFAC-MC-Fisher", {"structure_type": "mc_fisher"}),
-                     ("ours fused, KFAC-EF", {"structure_type": "ef", "fused": True}),
-                     ("ours fused, KFAC-MC-Fisher", {"structure_type": "mc_fisher", "fused": True})]:
-        rows[name] = run_ours(dm, args.epochs, args.n_steps, **kw)
-    if not args.skip_peer:
-        for backend in ("curvlinops", "backpack"):
+          f"{torch.get_num_threads()} threads, {args.repeats} repeat(s), {args.clock} clock")
+    methods = [METHODS[m] for m in args.methods.split(",") if m]
+    peers = [] if args.skip_peer else ["curvlinops", "backpack"]
+    runs: dict[str, list] = {}  # name -> per repeat (times, acc, nll, lml, steps)
+    plain_runs, bare_runs = [], []
+    for rep in range(args.repeats):
+        bare_runs.append(statistics.median(run_torch_map(dm, args.epochs)))
+        plain_runs.append(run_ours(dm, args.epochs, args.n_steps))
+        for name, kw in methods:
+            runs.setdefault(name, []).append(run_ours(dm, args.epochs, args.n_steps, **kw))
+        for backend in peers:
+            name = f"laplace-torch marglik_training ({backend})"
             try:
-                rows[f"laplace-torch marglik_training ({backend})"] = run_laplace_torch(dm, args.epochs, args.n_steps, backend)
+                runs.setdefault(name, []).append(run_laplace_torch(dm, args.epochs, args.n_steps, backend))
             except Exception as err:  # report, never hide
                 print(f"laplace-torch ({backend}) failed: {type(err).__name__}: {err}")
-    peers = [statistics.median(r[0]) for n, r in rows.items() if n.startswith("laplace-torch")]
-    fastest_peer = min(peers) if peers else float("nan")
-    print(f"\nplain MAP epoch: Lightning {plain:.2f} s (test acc {acc0:.4f}, nll {nll0:.4f}); bare PyTorch loop {bare:.2f} s")
-    print("| method | median epoch [s] | x plain MAP epoch (Lightning) | x bare PyTorch epoch | speed-up vs fastest laplace-torch | final log marglik | test acc | test nll |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, (times, acc, nll, lml) in rows.items():
-        med = statistics.median(times)
-        print(f"| {name} | {med:.2f} | {med / plain:.2f} | {med / bare:.2f} | {fastest_peer / med:.2f} | "
-              f"{lml:.1f} | {acc:.4f} | {nll:.4f} |")
+        print(f"repeat {rep + 1}/{args.repeats} done", flush=True)
+    plain_meds = [statistics.median(r[0]) for r in plain_runs]
+    med = statistics.median
+
+    def ratio(name, ref):  # median over repeats of the per-repeat ratio
+        return med([med(r[0]) / ref[i] for i, r in enumerate(runs[name])])
+
+    peer_names = [n for n in runs if n.startswith("laplace-torch") and len(runs[n]) == args.repeats]
+    fastest = min((ratio(n, plain_meds) for n in peer_names), default=float("nan"))
+    acc0, nll0 = plain_runs[0][1], plain_runs[0][2]
+    print(f"\nplain MAP epoch: Lightning {med(plain_meds):.2f} s (test acc {acc0:.4f}, nll {nll0:.4f}); "
+          f"bare PyTorch loop {med(bare_runs):.2f} s")
+    print("| method | median epoch [s] | x plain MAP epoch (Lightning) | x bare PyTorch epoch | speed-up vs fastest "
+          "laplace-torch | marglik step: fit / accumulation [s] | marglik step: K hyper steps [s] | final log marglik "
+          "| test acc | test nll |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, rs in runs.items():
+        if len(rs) != args.repeats:
+            continue
+        x_plain = ratio(name, plain_meds)
+        steps = [s for r in rs for s in r[4]]
+        fit_s = f"{med([s[0] for s in steps]):.3f}" if steps else "-"
+        hyp_s = f"{med([s[1] for s in steps]):.3f}" if steps else "-"
+        last = rs[-1]
+        print(f"| {name} | {med([med(r[0]) for r in rs]):.2f} | {x_plain:.2f} | {ratio(name, bare_runs):.2f} | "
+              f"{fastest / x_plain:.2f} | {fit_s} | {hyp_s} | {last[3]:.1f} | {last[1]:.4f} | {last[2]:.4f} |")
+    gaps = [(f, e) for f, e in EXACT_OF.items() if f in runs and e in runs]
+    if gaps:
+        print("\nfused vs exact pass (same seed, last repeat): final log marglik, test acc, test nll")
+        for f, e in gaps:
+            (_, fa, fn, fl, _), (_, ea, en, el, _) = runs[f][-1], runs[e][-1]
+            print(f"- {f}: log marglik {fl:.1f} vs {el:.1f} ({100 * (fl - el) / abs(el):+.1f}%), "
+                  f"acc {fa:.4f} vs {ea:.4f} ({fa - ea:+.4f}), nll {fn:.4f} vs {en:.4f} ({fn - en:+.4f})")
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@ LIKELIHOOD_CHOICES = ("auto", "classification", "regression", "heteroscedastic_r
 SUBSETS = ("all", "last_layer")
 STRUCTURES = ("full", "diag", "kron", "lowrank")
 CURVATURE_TYPES = ("ggn", "ef", "mc_fisher")
-PRIOR_STRUCTURES = ("scalar", "layerwise", "diagonal")
+PRIOR_STRUCTURES = ("scalar", "layerwise", "diagonal", "normgroups")
 MARGLIK_MODES = ("off", "online", "posthoc")
 POSTHOC_PRIOR = ("none", "marglik", "gridsearch")
+EVIDENCE_POINTS = ("weights", "linear_mode")
 PRED_TYPES = ("map", "glm", "nn")
 LINKS = ("probit", "mc", "bridge")
 
@@ -73,7 +74,7 @@ def validate_laplace_config(cfg: DictConfig) -> None:
     _require(
         not (structure == "kron" and prior == "diagonal"),
         "prior.structure='diagonal' does not fit curvature.hessian_structure='kron' (the KFAC log-determinant "
-        "is exact only for one precision per layer); allowed with kron: ['scalar', 'layerwise'], or use "
+        "is exact only for one precision per layer); allowed with kron: ['scalar', 'layerwise', 'normgroups'], or use "
         "curvature=diag / curvature=full for a diagonal prior",
     )
     if structure == "lowrank":
@@ -97,7 +98,31 @@ def validate_laplace_config(cfg: DictConfig) -> None:
             f"['kron', 'diag'] and curvature.subset_of_weights='all'; got type={curvature_type!r}, "
             f"structure={structure!r}, subset={cfg.curvature.subset_of_weights!r}",
         )
+    validate_evidence_point(cfg, mode, posthoc, curvature_type, pred_type)
     _require(
         not (posthoc == "gridsearch" and pred_type == "map"),
         "marglik.posthoc_prior='gridsearch' needs a Laplace predictive; allowed predictive.pred_type: ['glm', 'nn']",
     )
+
+
+def validate_evidence_point(cfg: DictConfig, mode: str, posthoc: str, curvature_type: str, pred_type: str) -> None:
+    """``marglik.evidence_point`` (Antoran et al. 2022): ``linear_mode`` needs a post-hoc Laplace
+    whose prior is fixed or tuned by the evidence, a GGN and a Gaussian or categorical likelihood."""
+    point = cfg.marglik.get("evidence_point", "weights")
+    _require(point in EVIDENCE_POINTS, f"marglik.evidence_point={point!r} is not supported; allowed: {list(EVIDENCE_POINTS)}")
+    if point == "weights":
+        return
+    _require(mode in ("off", "posthoc"),
+             f"marglik.evidence_point='linear_mode' needs marglik.mode in ['off', 'posthoc']; got {mode!r} "
+             "(online marglik evaluates the evidence at the weights during training)")
+    _require(mode == "posthoc" or pred_type != "map",
+             "marglik.evidence_point='linear_mode' needs a post-hoc Laplace: marglik.mode='posthoc' or "
+             "predictive.pred_type in ['glm', 'nn']")
+    _require(posthoc in ("none", "marglik"),
+             f"marglik.evidence_point='linear_mode' needs marglik.posthoc_prior in ['none', 'marglik']; got {posthoc!r}")
+    _require(curvature_type == "ggn",
+             f"marglik.evidence_point='linear_mode' needs curvature.type='ggn' (the Hessian of the linearised "
+             f"model's loss); got {curvature_type!r}")
+    _require(cfg.likelihood in ("auto", "classification", "regression"),
+             f"marglik.evidence_point='linear_mode' needs likelihood in ['auto', 'classification', 'regression']; "
+             f"got {cfg.likelihood!r}")

@@ -19,6 +19,15 @@ from laplace_lab.models import MLP, ResNet18, WideResNet
 DT = torch.float64
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny float64 linear algebra: one thread (several threads on a shared CPU are ~10x slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _data(likelihood, n=40, d=3, c=2, seed=0):
     g = torch.Generator().manual_seed(seed)
     X = torch.randn(n, d, generator=g, dtype=DT)
@@ -205,48 +214,58 @@ def _fit(model, loader, structure, prior_structure, evidence_point, init=1.0):
     la = Laplace(model, "regression", subset_of_weights="all", hessian_structure=structure,
                  prior_structure=prior_structure, prior_precision=init, sigma_noise=0.5)
     la.fit(loader)
-    if evidence_point == "linear_mode":
-        res = fit_linear_mode(la, loader, tol=1e-8, n_outer=200)
+    if evidence_point == "linear_mode":  # Gaussian: one Newton step solves the quadratic exactly
+        res = fit_linear_mode(la, loader, tol=1e-5, n_outer=100, round_newton=1)
         assert res.converged, res
     elif evidence_point == "weights":
         la.optimize_prior_precision(method="marglik", n_steps=400, lr=0.05)
     return la
 
 
-@pytest.mark.slow  # unverified: did not finish within 500 s on the shared machine (see issue 9 note)
+def _rel_change(a, b):
+    return float(((b - a).abs() / a.abs()).max())
+
+
 @pytest.mark.parametrize("kind,structure", [("batchnorm", "full"), ("layernorm", "kron")])
-def test_scale_invariance_normgroups_vs_scalar(kind, structure):
+def test_scale_invariance_fixed_precision(kind, structure):
+    """Proposition 3 directly: rescaling a normalised group by k and its precision by 1 / k^2
+    leaves the GLM predictive variance unchanged; a single shared precision cannot do that."""
     X, y, loader = _data("regression", n=30)
     Xt = torch.randn(7, 3, dtype=DT, generator=torch.Generator().manual_seed(5)) * 2
     model, k = _norm_net(kind), 3.0
     scaled = _rescale(model, k)
     torch.testing.assert_close(scaled(Xt), model(Xt))  # the network function is invariant
-
-    # normgroups, precision by the evidence at the linear mode: the predictive is invariant
-    a = _fit(model, loader, structure, "normgroups", "linear_mode")
-    b = _fit(scaled, loader, structure, "normgroups", "linear_mode")
-    assert a.prior_groups.tolist() == [1, 1, 0, 0, 0, 0]
-    torch.testing.assert_close(b.prior_precision[1] * k**2, a.prior_precision[1], rtol=1e-4, atol=0)
-    ma, va = glm_moments(a, Xt)
-    mb, vb = glm_moments(b, Xt)
-    torch.testing.assert_close(vb, va, rtol=1e-4, atol=1e-10)
-    torch.testing.assert_close(mb, ma, rtol=1e-5, atol=1e-8)
-    assert (ma - model(Xt)).abs().max() > 1e-3  # the linear mode moved the mean
-
-    # the theory directly: a fixed group precision scaled by 1 / k^2 gives the same variance
     pa = torch.tensor([2.0, 0.7], dtype=DT)
-    pb = pa * torch.tensor([1.0, 1 / k**2], dtype=DT)
     a = _fit(model, loader, structure, "normgroups", None, init=pa)
-    b = _fit(scaled, loader, structure, "normgroups", None, init=pb)
+    b = _fit(scaled, loader, structure, "normgroups", None, init=pa * torch.tensor([1.0, 1 / k**2], dtype=DT))
+    assert a.prior_groups.tolist() == [1, 1, 0, 0, 0, 0]
     torch.testing.assert_close(glm_moments(b, Xt)[1], glm_moments(a, Xt)[1], rtol=1e-8, atol=1e-12)
-
-    # a single precision, evidence-optimised at the linear mode: the variance changes
-    a = _fit(model, loader, structure, "scalar", "linear_mode")
-    b = _fit(scaled, loader, structure, "scalar", "linear_mode")
-    va, vb = glm_moments(a, Xt)[1], glm_moments(b, Xt)[1]
-    assert ((vb - va).abs() / va.abs()).max() > 1e-2
-    # and a fixed single precision too
     a = _fit(model, loader, structure, "scalar", None)
     b = _fit(scaled, loader, structure, "scalar", None)
-    va, vb = glm_moments(a, Xt)[1], glm_moments(b, Xt)[1]
-    assert ((vb - va).abs() / va.abs()).max() > 1e-2
+    assert _rel_change(glm_moments(a, Xt)[1], glm_moments(b, Xt)[1]) > 1e-2
+
+
+def test_scale_invariance_evidence_at_linear_mode():
+    """BatchNorm network, evidence at the linear mode (joint fit from the same initial prior):
+    with normgroups the optimal group precision scales by 1 / k^2 and the predictive (mean and
+    variance) does not change when the normalised weights are rescaled by k; with a single
+    precision the variance does change."""
+    X, y, loader = _data("regression", n=30)
+    Xt = torch.randn(7, 3, dtype=DT, generator=torch.Generator().manual_seed(5)) * 2
+    model, k = _norm_net("batchnorm"), 3.0
+    scaled = _rescale(model, k)
+    a = _fit(model, loader, "full", "normgroups", "linear_mode")
+    b = _fit(scaled, loader, "full", "normgroups", "linear_mode")
+    # both alternations stop at log-precision steps < 1e-5: agreement to ~1e-5 (measured 4e-5)
+    torch.testing.assert_close(b.prior_precision[1] * k**2, a.prior_precision[1], rtol=5e-4, atol=0)
+    torch.testing.assert_close(b.prior_precision[0], a.prior_precision[0], rtol=5e-4, atol=0)
+    ma, va = glm_moments(a, Xt)
+    mb, vb = glm_moments(b, Xt)
+    torch.testing.assert_close(vb, va, rtol=5e-4, atol=1e-10)
+    torch.testing.assert_close(mb, ma, rtol=0, atol=5e-4)
+    torch.testing.assert_close(b.log_marginal_likelihood(), a.log_marginal_likelihood(), rtol=1e-6, atol=1e-6)
+    assert (ma - model(Xt)).abs().max() > 1e-3  # the linear mode moved the mean
+
+    a = _fit(model, loader, "full", "scalar", "linear_mode")
+    b = _fit(scaled, loader, "full", "scalar", "linear_mode")
+    assert _rel_change(glm_moments(a, Xt)[1], glm_moments(b, Xt)[1]) > 0.1  # measured 0.70

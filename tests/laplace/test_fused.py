@@ -119,3 +119,91 @@ def test_fused_flush_before_backward_raises():
         rec.output(model(X))
     with pytest.raises(RuntimeError, match="back-propagated"):
         fused.flush()
+
+
+@pytest.mark.parametrize("curv", ["ef", "mc_fisher"])
+def test_flushed_batches_release_their_tensors(curv):
+    """EF's gradient hooks form a cycle (output -> hook -> Call -> output) that Python's garbage
+    collector cannot see through (the hook is held in C++): flush must break it, or every batch
+    leaks its layer outputs and gradients."""
+    import gc
+    import weakref
+
+    model = mlp()
+    X, y = data("mlp", "classification", n=12)
+    fused = FusedCurvature(Laplace(model, "classification", subset_of_weights="all", hessian_structure="kron",
+                                   curvature=curv))
+    fused.begin()
+    refs = []
+    for x, yy in _batches(X, y, 6):
+        with fused.batch(yy, 1 / len(yy)) as rec:
+            f = model(x)
+            rec.output(f)
+        refs.append(weakref.ref(f))
+        nn.functional.cross_entropy(f, yy).backward()
+        fused.flush()
+        del f, rec
+    gc.collect()
+    assert all(r() is None for r in refs)
+    fused.end()
+
+
+class _Shared(nn.Module):
+    """A Linear called twice per forward (two calls of one module) and a LayerNorm (generic kernel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.shared, self.norm, self.out = nn.Linear(3, 4), nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.shared(torch.tanh(self.inp(x))))
+        return self.out(self.norm(torch.tanh(self.shared(h))))
+
+
+@pytest.mark.parametrize("structure", ["kron", "diag"])
+@pytest.mark.parametrize("curv", ["ef", "mc_fisher"])
+def test_chunked_accumulation_equals_batch_by_batch_and_fit(structure, curv):
+    """Batches accumulated together (concatenated Linear / Conv2d calls, other modules batch by
+    batch, uneven batch sizes, a module called twice) give the curvature of ``Laplace.fit``."""
+    torch.manual_seed(0)
+    model = _Shared().double()
+    X, y = data("mlp", "classification", n=23)
+    batches = _batches(X, y, 5)
+    kw = dict(subset_of_weights="all", hessian_structure=structure, curvature=curv, n_mc_samples=2)
+    ref = Laplace(model, "classification", seed=3, **kw)
+    ref.fit(batches)
+    dense = []
+    for chunk in (1, 12, 10**9):
+        la = Laplace(model, "classification", seed=3, **kw)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        fused = FusedCurvature(la, chunk_size=chunk)
+        fused.begin()
+        for x, yy in batches:
+            opt.zero_grad()
+            with fused.batch(yy, nll_scale=1.0 / len(yy)) as rec:
+                f = model(x)
+                rec.output(f)
+            nn.functional.cross_entropy(f, yy).backward()
+            fused.flush()
+        fused.end()
+        dense.append(_dense(la))
+        torch.testing.assert_close(la.log_marginal_likelihood(), ref.log_marginal_likelihood(), rtol=1e-10, atol=0)
+    for d in dense:
+        torch.testing.assert_close(d, _dense(ref), rtol=1e-10, atol=1e-12)
+
+
+def test_merge_calls_concatenates_scaled_and_refuses_mismatched_shapes():
+    from laplace_lab.laplace.capture import Call
+    from laplace_lab.laplace.fused import _merge_calls
+
+    def call(n, t):
+        c = Call((torch.ones(n, t, 3),), {}, None)
+        c.grads = [torch.ones(n, t, 2), 2 * torch.ones(n, t, 2)]
+        return c
+
+    merged = _merge_calls([[call(2, 4)], [call(3, 4)]], [1.0, 0.5])
+    assert merged[0].args[0].shape == (5, 4, 3)
+    assert [g.shape for g in merged[0].grads] == [(5, 4, 2), (5, 4, 2)]
+    torch.testing.assert_close(merged[0].grads[1][2:], torch.ones(3, 4, 2))  # 2 * 0.5
+    assert _merge_calls([[call(2, 4)], [call(3, 5)]], [1.0, 1.0]) is None  # sequence lengths differ
+    assert _merge_calls([[call(2, 4)], [call(3, 4), call(3, 4)]], [1.0, 1.0]) is None  # call counts differ

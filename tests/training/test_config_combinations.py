@@ -47,8 +47,27 @@ def test_combination(curvature, ctype, prior, marglik):
         (["curvature.subset_of_weights=first_layer"], r"curvature.subset_of_weights='first_layer'.*allowed"),
         (["predictive.pred_type=exact"], r"predictive.pred_type='exact'.*allowed"),
         (["curvature.type=mc_fisher", "curvature.n_mc_samples=0"], r"curvature.n_mc_samples must be >= 1"),
+        (["prior.structure=groups"], r"prior.structure='groups'.*allowed: \['scalar', 'layerwise', 'diagonal', 'normgroups'\]"),
+        (["marglik.evidence_point=mode"], r"marglik.evidence_point='mode'.*allowed: \['weights', 'linear_mode'\]"),
+        (["marglik.evidence_point=linear_mode", "curvature.type=ef"], r"linear_mode' needs curvature.type='ggn'"),
+        (["marglik.evidence_point=linear_mode", "marglik.posthoc_prior=gridsearch"],
+         r"linear_mode' needs marglik.posthoc_prior in \['none', 'marglik'\]"),
+        (["marglik=online", "+marglik.evidence_point=linear_mode"], r"linear_mode' needs marglik.mode in \['off', 'posthoc'\]"),
+        (["marglik=off", "predictive=map", "marglik.evidence_point=linear_mode"], r"linear_mode' needs a post-hoc Laplace"),
+        (["marglik.evidence_point=linear_mode", "likelihood=heteroscedastic_regression", "data=sinusoid"],
+         r"linear_mode' needs likelihood in \['auto', 'classification', 'regression'\]"),
     ],
 )
 def test_rejected(overrides, pattern):
     with pytest.raises(ValueError, match=pattern):
         validate_config(compose_config(overrides))
+
+
+@pytest.mark.parametrize("overrides", [
+    ["prior=normgroups", "curvature=kron", "marglik.evidence_point=linear_mode"],
+    ["prior=normgroups", "curvature=full", "marglik=off", "marglik.evidence_point=linear_mode"],
+    ["prior=scalar", "curvature=ll_kron", "marglik.posthoc_prior=none", "marglik.evidence_point=linear_mode"],
+    ["prior=normgroups", "marglik=online", "curvature=kron", "curvature.type=ef", "marglik.fused=true"],
+])
+def test_antoran_options_accepted(overrides):
+    validate_config(compose_config(overrides))

@@ -168,3 +168,51 @@ def test_fused_mode_equals_the_exact_pass_when_weights_do_not_move(ctype):
         assert histories[0] == pytest.approx(histories[1], rel=1e-10)
     else:  # sampled labels: same generator seed, but the draws happen in a different order of batches
         assert histories[0] == pytest.approx(histories[1], rel=0.2)
+
+
+def test_fast_hyper_steps_follow_the_engine_marglik():
+    """kron fits take closed-form gradients (EigenMarglik); the trajectory equals K Adam steps on
+    autograd gradients of ``Laplace.log_marginal_likelihood`` (float64)."""
+    from laplace_lab.training import online_marglik as om
+
+    torch.manual_seed(0)
+    X, y = torch.randn(40, 3, dtype=torch.float64), torch.randn(40, 2, dtype=torch.float64)
+    model = nn.Sequential(nn.Linear(3, 6), nn.Tanh(), nn.Linear(6, 2)).double()
+    module = MAPModule(model, "regression", n_data=40, optimizer=lambda p: torch.optim.SGD(p, lr=0.0),
+                       prior_precision=0.5, sigma_noise=0.8)
+    la = Laplace(model, "regression", subset_of_weights="all", hessian_structure="kron", prior_structure="layerwise")
+    la.fit([(X[:20], y[:20]), (X[20:], y[20:])])
+    trainer = type("T", (), {"max_epochs": 2})()
+    results = []
+    for fast in (True, False):
+        cb = OnlineMarglik({"subset_of_weights": "all", "hessian_structure": "kron", "curvature": "ggn"},
+                           prior_structure="layerwise", n_steps=30, lr_hyp=0.1, lr_hyp_min=0.01)
+        cb._init_hyperparameters(module, la)
+        if not fast:
+            cb._eigen_marglik = lambda la: None
+        marglik = cb._hyper_steps(trainer, la)
+        results.append((marglik, cb.log_prior.detach().clone(), cb.log_sigma.detach().clone(), cb.hyper_steps_done))
+    (m1, p1, s1, n1), (m2, p2, s2, n2) = results
+    assert n1 == n2 == 30
+    torch.testing.assert_close(p1, p2, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(s1, s2, rtol=1e-9, atol=1e-9)
+    assert m1 == pytest.approx(m2, rel=1e-10)
+    assert om.eigen_marglik.supports(la)
+
+
+@pytest.mark.parametrize("kw", [{}, {"amsgrad": True}, {"weight_decay": 0.1, "betas": (0.8, 0.99)}])
+def test_adam_step_is_torch_adam(kw):
+    from laplace_lab.training.online_marglik import _adam_step
+
+    torch.manual_seed(0)
+    a = torch.randn(5, requires_grad=True)
+    b = a.detach().clone().requires_grad_(True)
+    oa, ob = torch.optim.Adam([a], lr=0.1, **kw), torch.optim.Adam([b], lr=0.1, **kw)
+    for _ in range(10):
+        g = torch.randn(5)
+        a.grad, b.grad = g.clone(), g.clone()
+        oa.step()
+        _adam_step(ob)
+    assert torch.equal(a, b)
+    sa, sb = oa.state_dict()["state"][0], ob.state_dict()["state"][0]
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)

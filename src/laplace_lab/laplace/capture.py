@@ -20,6 +20,8 @@ of the model declares ``inplace=True`` and records each output's version counter
 Backward: for ``K > 1`` a loop of ``K`` ``autograd.grad`` calls on the retained graph was measured
 faster on CPU than one vmapped call (``is_grads_batched``) for LeNet-5 (the vmap rules of
 conv/pool backward add copies); ``batched_backward`` switches (default: loop on CPU, vmap else).
+``Laplace.fit`` uses this path only for models ``chain.Chain`` cannot run (anything but a plain
+``nn.Sequential`` of known modules); the chain back-propagates all ``K`` factors as one batch.
 """
 
 from __future__ import annotations
@@ -34,9 +36,15 @@ class Call:
     """One call of a watched module: inputs (detached), output and, after ``backward``, the output
     gradients of the ``K`` factors: ``grads`` (a list of ``K`` tensors shaped like the output, as
     the per-factor backward produced them) or ``grad`` (``[K, *output.shape]``; stacked lazily,
-    sample-major in memory, on first access; may also be assigned directly)."""
+    sample-major in memory, on first access; may also be assigned directly).
 
-    __slots__ = ("args", "kwargs", "output", "version", "_grad", "_grads")
+    ``pooled`` (set by ``chain.Chain`` for a Conv2d followed by a non-overlapping max-pool): the
+    same gradients in compressed form ``(v, idx)``: ``v`` ``[N, K, C, P]`` the values at the ``P``
+    pooled positions, ``idx`` ``[N, C, P]`` their flat positions in the ``H W`` output map (every
+    other entry is zero). ``grad`` / ``grads`` scatter them into the dense tensor on first access;
+    the kernels in ``modules`` use ``pooled`` directly where that is cheaper."""
+
+    __slots__ = ("args", "kwargs", "output", "version", "_grad", "_grads", "pooled")
 
     def __init__(self, args: tuple, kwargs: dict, output: torch.Tensor, grad: torch.Tensor | None = None,
                  version: int = -1):
@@ -44,6 +52,7 @@ class Call:
         self.version = version  # output._version when recorded (unprotected capture)
         self._grad = grad
         self._grads = None
+        self.pooled = None
 
     @property
     def grad(self) -> torch.Tensor | None:
@@ -51,21 +60,27 @@ class Call:
             # [N, K, ...] memory seen as [K, N, ...]: (K, N) merges and per-sample regrouping
             # stay views (``modules.flat_kn``)
             self._grad = torch.stack(self._grads, 1).transpose(0, 1)
+        if self._grad is None and self.pooled is not None:
+            v, idx = self.pooled
+            N, K, C, P = v.shape
+            dense = v.new_zeros(N, K, C, self.output.shape[2:].numel())
+            dense.scatter_(3, idx[:, None].expand(N, K, C, P), v)
+            self._grad = dense.view(N, K, *self.output.shape[1:]).transpose(0, 1)
         return self._grad
 
     @grad.setter
     def grad(self, value: torch.Tensor | None) -> None:
-        self._grad, self._grads = value, None
+        self._grad, self._grads, self.pooled = value, None, None
 
     @property
     def grads(self) -> list[torch.Tensor] | None:
-        if self._grads is None and self._grad is not None:
-            return list(self._grad.unbind(0))
+        if self._grads is None and (self._grad is not None or self.pooled is not None):
+            return list(self.grad.unbind(0))
         return self._grads
 
     @grads.setter
     def grads(self, value: list[torch.Tensor]) -> None:
-        self._grad, self._grads = None, list(value)
+        self._grad, self._grads, self.pooled = None, list(value), None
 
 
 @dataclass

@@ -18,6 +18,7 @@ from torch import nn
 
 from laplace_lab.laplace import predictive
 from laplace_lab.laplace.capture import Capture, has_inplace_modules
+from laplace_lab.laplace.chain import Chain
 from laplace_lab.laplace.curvature import CURVATURES, output_factors
 from laplace_lab.laplace.likelihoods import LIKELIHOODS, get_likelihood
 from laplace_lab.laplace.matrix_free.lowrank import LowRankStructure
@@ -59,7 +60,8 @@ class Laplace:
             ``prior_precision``'s shape. kron supports scalar, layerwise and normgroups only.
             "normgroups" (Antoran et al. 2022): one precision per group of tensors that a
             normalisation layer makes scale invariant, plus one for the rest (``prior_groups``
-            ``[n_layers]`` group index per tensor; default ``normgroups.normgroups(model, params)``);
+            ``[n_layers]`` group index per tensor; default ``normgroups.normgroups(model, params,
+            example_input)``, ``example_input`` ``[B, ...]`` a model input to trace the detection on);
             ``prior_precision`` is then ``[n_groups]`` and the structures see its per-tensor
             expansion ``_structure_prior``.
         prior_mean: float or [n_params] tensor.
@@ -93,6 +95,7 @@ class Laplace:
         seed: int | None = None,
         n_eigs: int = 100,
         prior_groups: torch.Tensor | None = None,
+        example_input: torch.Tensor | None = None,
     ):
         _check_choice("likelihood", likelihood, LIKELIHOODS)
         _check_choice("subset_of_weights", subset_of_weights, SUBSETS)
@@ -125,7 +128,7 @@ class Laplace:
         struct_cls = _STRUCTURES[hessian_structure]
         self.prior_groups, self.n_groups = None, None
         if prior_structure == "normgroups":  # structures see the per-tensor (layerwise) expansion
-            groups = prior_groups if prior_groups is not None else normgroups(model, self.params)
+            groups = prior_groups if prior_groups is not None else normgroups(model, self.params, example_input)
             groups = torch.as_tensor(groups, dtype=torch.long).reshape(-1)
             if groups.numel() != self.n_layers or bool((groups < 0).any()):
                 raise ValueError(f"prior_groups must hold one non-negative group index per parameter tensor "
@@ -154,6 +157,8 @@ class Laplace:
         self.n_data = 0
         self.n_outputs = None
         self._fitted = False
+        self._use_chain = True  # False: always the autograd (Capture) backward (tests compare both)
+        self._chain = None
 
     # ---- hyperparameters ------------------------------------------------------------------------
     @property
@@ -231,11 +236,27 @@ class Laplace:
         self.model.eval()
         self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
         self.linear_offset = None
+        # plain sequential networks: batched hand-written backward of the K factors (chain.py)
+        self._chain = None
+        if self._use_chain and self.subset_of_weights == "all":
+            self._chain = Chain.build(self.model, [e.module for e in self.entries])
 
     def fit_batch(self, X, y) -> None:
         """Accumulate curvature and loss of one batch (one forward, one batched backward)."""
         X = X.to(self._device) if isinstance(X, torch.Tensor) else X
         y = y.to(self._device)
+        chain = getattr(self, "_chain", None)
+        if chain is not None and isinstance(X, torch.Tensor):
+            out, records = chain.forward(X)
+            f, yy = self._lik.prepare(out, y)
+            V = output_factors(self._lik, self.curvature, f, yy, self.n_mc_samples, self.generator)
+            chain.backward(V.reshape(V.shape[0], *out.shape))
+            with torch.no_grad():
+                self.loss = self.loss + self._lik.nll(f, yy)
+                self._structure.accumulate(records)
+            self.n_data += f.shape[0]
+            self.n_outputs = f.shape[1]
+            return
         modules = [e.module for e in self.entries]
         last_layer = self.subset_of_weights == "last_layer"
         protect = not last_layer and has_inplace_modules(self.model)

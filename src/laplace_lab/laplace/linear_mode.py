@@ -14,15 +14,22 @@ noise) is convex for the Gaussian and categorical likelihoods. ``fit_linear_mode
     ``jvp`` -> output-space ``Lambda`` (``likelihood.hessian_sqrt`` at the *linearised* outputs, so
     it is the exact Hessian of ``L`` for regression and classification) -> ``vjp``, and solved by
     ``matrix_free.cg`` preconditioned with the fitted posterior at ``theta_hat`` (full: its dense
-    covariance; otherwise its marginal variances); Armijo backtracking on ``L``; warm-started from the previous ``theta*``;
+    covariance; kron: the KFAC inverse; otherwise its marginal variances); Armijo backtracking on
+    ``L``; warm-started from the previous ``theta*``; ``round_newton`` caps the Newton steps per
+    round (an inexact alternation: same fixed point, far fewer data passes);
 (b) the prior precision (and optionally the noise) by maximising the Laplace evidence at
     ``theta*`` with L-BFGS on their logarithms (curvature fixed at ``theta_hat``: the fitted
     structure is reused, no data pass),
 
-until the log precisions move less than ``tol`` (or ``n_outer`` rounds), then re-solves (a) once
-for the final precision. Afterwards ``la.mean = theta*`` (the scatter term and the centre of
-``la.sample``), ``la.loss`` = the *linearised* model's summed NLL at ``theta*`` (so
-``la.log_marginal_likelihood()`` is the evidence of the linear model at its mode), and
+until the log precisions move less than ``tol`` with (a) solved (or ``n_outer`` rounds), then
+re-solves (a) once for the final precision. The joint point is a stationary point of the evidence
+at the mode: (b) maximises ``E(delta, theta)``, whose ``theta``-dependence is ``-L`` (curvature
+fixed), so by the envelope theorem ``d E(delta, theta*(delta)) / d delta`` is (b)'s gradient.
+Log precisions are kept in ``(-12, 12)`` (a smooth bound: the evidence can grow without limit in
+the precision of a weight group the linear model can switch off). Afterwards ``la.mean = theta*``
+(the scatter term and the centre of ``la.sample``), ``la.loss`` = the *linearised* model's summed
+NLL at ``theta*`` (so ``la.log_marginal_likelihood()`` is the evidence of the linear model at its
+mode), and
 ``la.linear_offset = theta* - theta_hat``, which the GLM predictive adds as ``J(x) offset`` to the
 network output (``predictive`` calls ``linear_shift``). ``la.fit`` resets all three.
 
@@ -43,12 +50,13 @@ from laplace_lab.laplace.matrix_free.cg import cg
 from laplace_lab.laplace.matrix_free.ggn_operator import GGNOperator
 
 EVIDENCE_POINTS = ("weights", "linear_mode")
+LIKELIHOODS = ("classification", "regression")
 
 
 class LinearModeResult(NamedTuple):
     theta_star: torch.Tensor  # [P]
     n_outer: int  # alternation rounds run
-    converged: bool  # log precisions moved less than tol
+    converged: bool  # log precisions moved less than tol, with the round's Newton solve converged
     log_marglik: list[float]  # evidence after every precision update
 
 
@@ -80,28 +88,35 @@ class LinearisedObjective:
             total = total + self.op.lik.nll(f, yy)
         return total
 
-    def nll_grad(self, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(summed NLL, its gradient [P])`` of the linearised model."""
+    def nll_grad(self, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+        """``(summed NLL, its gradient [P], Hessian factors)`` of the linearised model; the factors
+        (``[K, N, C]`` per chunk, ``likelihood.hessian_sqrt`` at ``f_lin``) feed ``hessian_matmat``."""
         total = torch.zeros((), device=self.op.device, dtype=self.op.dtype)
         grad = torch.zeros(self.op.n_params, device=self.op.device, dtype=self.op.dtype)
+        factors = []
         for X, y in self.op.chunks():
             fn, prim, f = self._lin(X, delta)
             ff, yy = self.op.lik.prepare(f, y)
             total = total + self.op.lik.nll(ff, yy)
+            factors.append(self.op.lik.hessian_sqrt(ff))
             g = self.op.lik.grad(ff, yy).reshape(f.shape)
             with torch.no_grad():
                 _, vjp_fn = vjp(fn, prim)
                 grad += self.op.flatten({k: t[None] for k, t in vjp_fn(g)[0].items()})[0]
-        return total, grad
+        return total, grad, factors
 
-    def hessian_matmat(self, delta: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
-        """``sum_n J_n^T Lambda(f_lin,n) J_n V`` for ``V`` ``[P, s]`` (unit noise, no prior)."""
+    def hessian_matmat(self, delta: torch.Tensor, V: torch.Tensor,
+                       factors: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """``sum_n J_n^T Lambda(f_lin,n) J_n V`` for ``V`` ``[P, s]`` (unit noise, no prior);
+        ``factors`` from ``nll_grad(delta)`` save the linearised forward per chunk."""
         Vt = V.T.contiguous()
         out = torch.zeros_like(Vt)
-        for X, y in self.op.chunks():
-            fn, prim, f = self._lin(X, delta)
-            ff, _ = self.op.lik.prepare(f, y)
-            F = self.op.lik.hessian_sqrt(ff)  # [K, N, C]
+        for i, (X, y) in enumerate(self.op.chunks()):
+            if factors is None:
+                fn, prim, f = self._lin(X, delta)
+                F = self.op.lik.hessian_sqrt(self.op.lik.prepare(f, y)[0])  # [K, N, C]
+            else:
+                fn, prim, F = self.op.forward_fn(X), self.op.primals(), factors[i]
             with torch.no_grad():
                 _, vjp_fn = vjp(fn, prim)
                 JV = vmap(lambda t, fn=fn, prim=prim: jvp(fn, (prim,), (t,))[1], chunk_size=self.op.vec_chunk)(self.op.unflatten(Vt))
@@ -113,10 +128,12 @@ class LinearisedObjective:
 def linear_map(la, data: Iterable, delta0: torch.Tensor | None = None, *, max_newton: int = 50,
                tol: float = 1e-10, cg_tol: float = 1e-8, cg_max_iter: int | None = 200,
                chunk_size: int | None = None, vec_chunk: int | None = None,
-               objective: LinearisedObjective | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               objective: LinearisedObjective | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Newton-CG for the linearised MAP at ``la``'s current prior / noise; returns
-    ``(delta* = theta* - theta_hat [P], summed NLL of the linear model at theta*)``.
-    Stops when the Newton decrement ``-grad^T step`` is below ``tol (1 + |L|)``."""
+    ``(delta* = theta* - theta_hat [P], summed NLL of the linear model at theta*, converged)``.
+    Stops when the Newton decrement ``-grad^T step`` is below ``tol (1 + |L|)`` (``tol`` at least
+    ``10 eps`` of the dtype: float32 sums cannot resolve less), or when the Armijo backtracking
+    finds no decrease within ``2^-20`` of the Newton step (rounding level: the step is not taken)."""
     obj = objective if objective is not None else LinearisedObjective(la, data, chunk_size, vec_chunk)
     with torch.no_grad():
         c = la._H_factor.detach()
@@ -130,73 +147,111 @@ def linear_map(la, data: Iterable, delta0: torch.Tensor | None = None, *, max_ne
         r = th + d - mu0
         return c * nll + 0.5 * (p0 * r) @ r
 
-    nll, g = obj.nll_grad(delta)
+    tol = max(tol, 10 * torch.finfo(th.dtype).eps)
+    nll, g, Fs = obj.nll_grad(delta)
+    done = False
     for _ in range(max_newton):
         L = value(delta, nll)
         grad = c * g + p0 * (th + delta - mu0)
-        step = cg(lambda V, delta=delta: c * obj.hessian_matmat(delta, V) + p0[:, None] * V, -grad[:, None],
-                  precond=precond, tol=cg_tol, max_iter=cg_max_iter).x[:, 0]
+        step = cg(lambda V, delta=delta, Fs=Fs: c * obj.hessian_matmat(delta, V, Fs) + p0[:, None] * V,
+                  -grad[:, None], precond=precond, tol=cg_tol, max_iter=cg_max_iter).x[:, 0]
         dec = -(grad @ step)
         if not dec > 0:  # CG returned no descent direction (numerically converged)
+            done = True
             break
         t = 1.0
-        while True:
-            nll_new = obj.nll(delta + t * step)
-            if value(delta + t * step, nll_new) <= L - 1e-4 * t * dec or t < 1e-10:
-                break
+        while value(delta + t * step, obj.nll(delta + t * step)) > L - 1e-4 * t * dec:
             t *= 0.5
-        delta = delta + t * step
-        nll, g = obj.nll_grad(delta)
-        if dec <= tol * (1 + abs(float(L))):
+            if t < 2.0**-20:
+                break
+        if t < 2.0**-20:  # no decrease: converged to rounding level
+            done = True
             break
-    return delta, nll
+        delta = delta + t * step
+        nll, g, Fs = obj.nll_grad(delta)
+        if dec <= tol * (1 + abs(float(L))):
+            done = True
+            break
+    return delta, nll, done
 
 
 def _preconditioner(la):
-    """The fitted posterior covariance at ``theta_hat`` (exact inverse Hessian of ``L`` for
-    regression with ``full``; its marginal variances otherwise) as CG preconditioner."""
+    """The fitted posterior covariance at ``theta_hat`` as CG preconditioner: full: the dense
+    covariance (the exact inverse Hessian of ``L`` for regression); kron: the KFAC inverse, applied
+    blockwise in its eigenbases; otherwise the marginal variances."""
     with torch.no_grad():
         if la.hessian_structure == "full":
             S = la.posterior_covariance.detach()
             return lambda R: S @ R
+        s = la._structure
+        if la.hessian_structure == "kron" and hasattr(s, "_map"):
+            c, prior = la._H_factor.detach(), la._structure_prior.detach()
+            return lambda R: s._map(R.T, c, prior, -1.0).T
         var = la.posterior_variance.detach()
         return lambda R: var[:, None] * R
 
 
+LOG_BOUND = 12.0  # |log precision|, |log sigma| <= 12 (as online marglik's log_min / log_max)
+
+
+def _bounded(u: torch.Tensor) -> torch.Tensor:
+    """Smooth bijection of R onto (-LOG_BOUND, LOG_BOUND): ``B tanh(u / B)`` (the evidence may
+    grow without bound in a precision, e.g. of a group the linear model switches off; the bound
+    keeps L-BFGS finite and leaves every interior stationary point where it is)."""
+    return LOG_BOUND * torch.tanh(u / LOG_BOUND)
+
+
+def _unbounded(v: torch.Tensor) -> torch.Tensor:
+    return LOG_BOUND * torch.atanh((v / LOG_BOUND).clamp(-1 + 1e-6, 1 - 1e-6))
+
+
 def _maximise_evidence(la, tune_sigma_noise: bool, max_iter: int) -> float:
-    log_pp = la.prior_precision.detach().clone().log().requires_grad_(True)
-    params = [log_pp]
+    """L-BFGS on the (bounded) log precisions (and log sigma); a non-finite result keeps the old values."""
+    old = (la.prior_precision.detach().clone(), la.sigma_noise.detach().clone())
+    u_pp = _unbounded(old[0].log()).requires_grad_(True)
+    params = [u_pp]
     if tune_sigma_noise:
-        log_sigma = la.sigma_noise.detach().clone().log().requires_grad_(True)
-        params.append(log_sigma)
+        u_sigma = _unbounded(old[1].log()).requires_grad_(True)
+        params.append(u_sigma)
     opt = torch.optim.LBFGS(params, lr=1.0, max_iter=max_iter, tolerance_grad=1e-9, tolerance_change=1e-12,
                             line_search_fn="strong_wolfe")
 
     def closure():
         opt.zero_grad()
-        loss = -la.log_marginal_likelihood(log_pp.exp(), log_sigma.exp() if tune_sigma_noise else None)
+        loss = -la.log_marginal_likelihood(_bounded(u_pp).exp(), _bounded(u_sigma).exp() if tune_sigma_noise else None)
         loss.backward()
         return loss
 
     opt.step(closure)
-    la.prior_precision = log_pp.detach().exp()
-    if tune_sigma_noise:
-        la.sigma_noise = log_sigma.detach().exp()
-    return float(la.log_marginal_likelihood().detach())
+    with torch.no_grad():
+        la.prior_precision = _bounded(u_pp).exp()
+        if tune_sigma_noise:
+            la.sigma_noise = _bounded(u_sigma).exp()
+        value = float(la.log_marginal_likelihood())
+        if not math.isfinite(value):
+            la.prior_precision, la.sigma_noise = old
+            value = float(la.log_marginal_likelihood())
+    return value
 
 
 def fit_linear_mode(la, train_loader: Iterable, n_outer: int = 20, tol: float = 1e-4,
                     optimize_prior: bool = True, tune_sigma_noise: bool = False, prior_max_iter: int = 100,
                     max_newton: int = 50, newton_tol: float = 1e-10, cg_tol: float = 1e-8,
                     cg_max_iter: int | None = 200, chunk_size: int | None = None,
-                    vec_chunk: int | None = None) -> LinearModeResult:
+                    vec_chunk: int | None = None, round_newton: int | None = None) -> LinearModeResult:
     """Joint linear mode and prior precision (module docstring) for a fitted ``la``.
 
     ``train_loader``: re-iterable ``(X, y)`` batches (the data ``la`` was fitted on); iterated once
     per gradient / Hessian-vector product. ``optimize_prior=False``: only solve for ``theta*`` at
-    the current precision. ``tune_sigma_noise``: also the noise (regression). Sets ``la.mean``,
-    ``la.loss``, ``la.linear_offset``; the prior (and noise) end at the last update."""
+    the current precision. ``tune_sigma_noise``: also the noise (regression). ``round_newton``:
+    Newton steps per alternation round (``None``: solve (a) to ``newton_tol`` every round; e.g. 1:
+    interleave single Newton steps with the precision updates, which reaches the same joint
+    stationary point in far fewer data passes; the final solve (a) always runs to ``newton_tol``).
+    Sets ``la.mean``, ``la.loss``, ``la.linear_offset``; the prior (and noise) end at the last update."""
     la._check_fitted()
+    if la.likelihood not in LIKELIHOODS:
+        raise ValueError(f"fit_linear_mode supports likelihood in {LIKELIHOODS} (convex linearised loss); "
+                         f"got {la.likelihood!r}")
     if tune_sigma_noise and la.likelihood != "regression":
         raise ValueError("tune_sigma_noise needs likelihood='regression'")
     if not (isinstance(n_outer, int) and n_outer >= 1):
@@ -209,17 +264,18 @@ def fit_linear_mode(la, train_loader: Iterable, n_outer: int = 20, tol: float = 
         kw = dict(max_newton=max_newton, tol=newton_tol, cg_tol=cg_tol, cg_max_iter=cg_max_iter, objective=obj)
         history, converged, rounds = [], False, 0
         if optimize_prior:
+            per_round = kw | ({"max_newton": min(round_newton, max_newton)} if round_newton else {})
             for rounds in range(1, n_outer + 1):  # noqa: B007 - rounds is reported
-                delta, nll = linear_map(la, train_loader, delta, **kw)
+                delta, nll, solved = linear_map(la, train_loader, delta, **per_round)
                 _set(la, obj, delta, nll)
                 old = [la.prior_precision.detach().log().clone(), la.sigma_noise.detach().log().clone()]
                 history.append(_maximise_evidence(la, tune_sigma_noise, prior_max_iter))
                 moved = max(float((la.prior_precision.detach().log() - old[0]).abs().max()),
                             float((la.sigma_noise.detach().log() - old[1]).abs()))
-                if moved < tol or not math.isfinite(history[-1]):
+                if (moved < tol and solved) or not math.isfinite(history[-1]):
                     converged = math.isfinite(history[-1])
                     break
-        delta, nll = linear_map(la, train_loader, delta, **kw)
+        delta, nll, _ = linear_map(la, train_loader, delta, **kw)
         _set(la, obj, delta, nll)
     finally:
         la.model.train(was_training)

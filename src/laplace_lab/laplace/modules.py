@@ -5,9 +5,15 @@ per-sample-gradient library for diag and KFAC (benchmarks/fit.py), and never for
 Jacobians over all weights. Measured on LeNet-5 / CPU (profile of one fit): the Conv2d KFAC
 factor ``A`` via ``F.unfold`` + batched ``X X^T`` was the top hot spot (im2col copies, ``bmm`` of
 ``[N, D, S]``); ``conv_A`` computes it exactly from a width-only unfold and ``kh`` banded products
-(~5x faster). Conv2d diag uses chunked per-sample products (``_conv_psg_sq``). The output
-gradients arrive per factor (``call.grads``, one tensor per backward), so ``G`` and the diag sums
-are accumulated per factor without stacking ``[K, N, ...]``. Any other module with parameters (BatchNorm,
+(~5x faster). Conv2d diag uses chunked per-sample products (``_conv_psg_sq``). Output
+gradients arrive either per factor (``call.grads``, one tensor per autograd backward: ``G`` and the
+diag sums are accumulated per factor without stacking ``[K, N, ...]``) or as one sample-major
+``[K, N, ...]`` tensor (``chain.Chain``: one product over all ``K N`` rows, ``kn_blocks``), or
+compressed after a max-pool (``Call.pooled``: ``_conv_psg_sq_pooled`` multiplies each channel's
+factors only with the patches its pool selected, 4x fewer multiply-adds for 2x2 pools, and
+``_pooled_G`` scatters per cache-sized chunk). Patch matrices are one copy of a strided view
+(``conv_patches`` / ``conv_rows``; ``F.unfold`` was 5-10x slower on CPU for LeNet's convolutions).
+Any other module with parameters (BatchNorm,
 LayerNorm, Embedding, Conv1d, grouped convs, ...) goes through ``generic_per_sample_grads``:
 torch.func ``vmap`` over samples of a module-local ``vjp`` of ``functional_call`` (only that
 module's own parameters, only that module's forward).
@@ -41,11 +47,28 @@ def is_kfac_module(m: nn.Module) -> bool:
     )
 
 
+def conv_patches(m: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
+    """``F.unfold(a, ...)`` of a Conv2d's input, ``[N, C_in kh kw, S]``, built as one copy of a
+    strided view (``F.unfold`` was measured 5-10x slower on CPU for LeNet's convolutions)."""
+    kh, kw = m.kernel_size
+    sh, sw = m.stride
+    dh, dw = m.dilation
+    ph, pw = m.padding
+    if ph or pw:
+        a = F.pad(a, (pw, pw, ph, ph))
+    a = a.contiguous()
+    N, C, H, W = a.shape
+    Ho = (H - dh * (kh - 1) - 1) // sh + 1
+    Wo = (W - dw * (kw - 1) - 1) // sw + 1
+    s = a.stride()
+    x = a.as_strided((N, C, kh, kw, Ho, Wo), (s[0], s[1], s[2] * dh, s[3] * dw, s[2] * sh, s[3] * sw))
+    return x.reshape(N, C * kh * kw, Ho * Wo)
+
+
 def rows_in(m: nn.Module, a: torch.Tensor) -> torch.Tensor:
     """Module input -> ``[N, S, D_in]`` expanded rows."""
     if isinstance(m, nn.Conv2d):
-        x = F.unfold(a, m.kernel_size, dilation=m.dilation, padding=m.padding, stride=m.stride)
-        return x.transpose(1, 2)  # [N, S, C_in*kh*kw]
+        return conv_patches(m, a).transpose(1, 2)  # [N, S, C_in*kh*kw]
     return a.reshape(a.shape[0], -1, a.shape[-1])
 
 
@@ -119,41 +142,137 @@ def _k_chunks(K: int, N: int, numel: int, budget: int = 2**25):
     return [slice(i, min(K, i + step)) for i in range(0, K, step)]
 
 
-def _conv_psg_sq(m: nn.Conv2d, names: list[str], a: torch.Tensor, grads: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+CHUNK_FLOATS = 2**19  # per-chunk intermediates of the diag kernels (~2 MiB, about L2)
+
+
+def _chunk(N: int, per_sample: int) -> int:
+    return max(1, min(N, CHUNK_FLOATS // max(1, per_sample)))
+
+
+def kn_blocks(c: Call) -> list[torch.Tensor]:
+    """The output gradients of a call as tensors whose first dimension runs over (factor, sample)
+    pairs: one ``[K N, *out]`` view when ``c.grad`` is a tensor (``Chain``), else the ``K``
+    per-factor ``[N, *out]`` tensors (``Capture``'s autograd loop; never stacked)."""
+    if c._grad is not None:
+        return [flat_kn(c._grad)]
+    return c.grads
+
+
+def _conv_psg_sq(m: nn.Conv2d, names: list[str], a: torch.Tensor, grads) -> dict[str, torch.Tensor]:
     """``{name: sum_{k,n} (per-sample grad)^2}`` for a Conv2d: ``a`` [N, C_in, H, W], ``grads``
-    ``K`` x [N, C_out, Ho, Wo].
+    ``K`` x [N, C_out, Ho, Wo] or one ``[K, N, C_out, Ho, Wo]`` tensor.
 
     Per-sample weight gradients ``g_n [K C_out, S] @ x_n^T [S, D_in]`` as batched matmuls over
-    chunks of samples (the chunk's ``[n, K C_out, S]`` and ``[n, K C_out, D_in]`` blocks stay in
-    cache), squared and summed at once; never the ``[K, N, C_out, D_in]`` tensor of all of them.
+    chunks of samples (the chunk's ``[n, K C_out, D_in]`` result stays in cache), squared and
+    summed at once; never the ``[K, N, C_out, D_in]`` tensor of all of them. With a sample-major
+    tensor (``Chain``'s layout) the ``[n, K C_out, S]`` operand is a view; a list is stacked per
+    chunk.
     """
-    K = len(grads)
+    tensor = isinstance(grads, torch.Tensor)
+    K = grads.shape[0] if tensor else len(grads)
     N, n_out = grads[0].shape[:2]
     out = {}
     if "weight" in names:
-        x = F.unfold(a, m.kernel_size, dilation=m.dilation, padding=m.padding, stride=m.stride)  # [N, D, S]
-        xt = x.transpose(1, 2)
-        D = x.shape[1]
-        step = max(1, 2**18 // max(1, K * n_out * max(D, x.shape[2])))
+        D = m.weight[0].numel()
+        gs = grads.transpose(0, 1) if tensor else None  # [N, K, C_out, ...]
         acc = a.new_zeros(K * n_out, D)
-        for i in range(0, N, step):
-            gg = torch.stack([gk[i:i + step].flatten(2) for gk in grads], 1).flatten(1, 2)  # [n, K n_out, S]
-            acc += torch.bmm(gg, xt[i:i + step]).square().sum(0)
+        for i in range(0, N, _chunk(N, K * n_out * D)):  # chunk: patches, product stay in cache
+            x = conv_patches(m, a[i:i + _chunk(N, K * n_out * D)])  # [n, D, S]
+            n, S = x.shape[0], x.shape[2]
+            if tensor:
+                gg = gs[i:i + n].reshape(n, K * n_out, S)
+            else:
+                gg = torch.stack([gk[i:i + n].flatten(2) for gk in grads], 1).flatten(1, 2)  # [n, K n_out, S]
+            acc += torch.bmm(gg, x.transpose(1, 2)).square_().sum(0)
         out["weight"] = acc.reshape(K, n_out, D).sum(0).reshape(m.weight.shape)
     if "bias" in names:
-        out["bias"] = sum(gk.flatten(2).sum(2).square().sum(0) for gk in grads)
+        if tensor:
+            out["bias"] = grads.flatten(3).sum(3).square().sum((0, 1))
+        else:
+            out["bias"] = sum(gk.flatten(2).sum(2).square().sum(0) for gk in grads)
     return out
+
+
+def conv_rows(m: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
+    """Conv2d patches as rows ``[N S, C_in kh kw]`` (one copy of a strided view)."""
+    kh, kw = m.kernel_size
+    sh, sw = m.stride
+    dh, dw = m.dilation
+    ph, pw = m.padding
+    if ph or pw:
+        a = F.pad(a, (pw, pw, ph, ph))
+    a = a.contiguous()
+    N, C, H, W = a.shape
+    Ho = (H - dh * (kh - 1) - 1) // sh + 1
+    Wo = (W - dw * (kw - 1) - 1) // sw + 1
+    s = a.stride()
+    x = a.as_strided((N, Ho, Wo, C, kh, kw), (s[0], s[2] * sh, s[3] * sw, s[1], s[2] * dh, s[3] * dw))
+    return x.reshape(N * Ho * Wo, C * kh * kw)
+
+
+def _conv_psg_sq_pooled(m: nn.Conv2d, names: list[str], a: torch.Tensor, v: torch.Tensor,
+                        idx: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``_conv_psg_sq`` from compressed gradients (``Call.pooled``: ``v`` [N, K, C_out, P] at
+    positions ``idx`` [N, C_out, P]): each output channel only sees the ``P`` patches its pool
+    selected, so the per-sample products are ``[K, P] @ [P, D_in]`` per (sample, channel) on
+    gathered patch rows: ``S / P`` (4 for 2x2 pools) times fewer flops than the dense
+    ``[K C_out, S] @ [S, D_in]``, no dense gradient."""
+    N, K, C, P = v.shape
+    out = {}
+    if "weight" in names:
+        D = m.weight[0].numel()
+        step = _chunk(N, C * P * D)  # chunk: rows, gathered rows, product stay in cache
+        acc = a.new_zeros(C * K * D)
+        vt = v.transpose(1, 2)  # [N, C, K, P]
+        offset = None
+        for i in range(0, N, step):
+            rows = conv_rows(m, a[i:i + step])  # [n S, D]
+            n = min(N, i + step) - i
+            if offset is None or offset.shape[0] != n:
+                offset = (torch.arange(n, device=idx.device) * (rows.shape[0] // n))[:, None, None]
+            sel = (idx[i:i + n] + offset).reshape(-1)
+            xg = rows.index_select(0, sel).view(n * C, P, D)
+            psg = torch.bmm(vt[i:i + n].reshape(n * C, K, P), xg)  # [n C, K, D]
+            acc += psg.square_().view(n, C * K * D).sum(0)
+        out["weight"] = acc.view(C, K, D).sum(1).reshape(m.weight.shape)
+    if "bias" in names:
+        out["bias"] = v.sum(3).square().sum((0, 1))
+    return out
+
+
+def _pooled_G(v: torch.Tensor, idx: torch.Tensor, S: int) -> torch.Tensor:
+    """``G = sum_{k,n,s} g g^T`` from compressed gradients: per chunk of samples, scattered into a
+    ``[n, C, K S]`` buffer (each sample's factors side by side; cache-sized), then one
+    ``[C, K S] @ [K S, C]`` product per sample. Measured faster than ``[C, S]`` products per
+    (sample, factor), per-slot masked products or one ``[C, N K S]`` product (which is also less
+    accurate in float32)."""
+    N, K, C, P = v.shape
+    vt = v.transpose(1, 2)  # [N, C, K, P]
+    step = _chunk(N, C * K * S)
+    G = 0
+    for i in range(0, N, step):
+        n = min(N, i + step) - i
+        dense = v.new_zeros(n, C, K, S)
+        dense.scatter_(3, idx[i:i + n, :, None].expand(n, C, K, P), vt[i:i + n])
+        d = dense.view(n, C, K * S)
+        G = G + torch.bmm(d, d.transpose(1, 2)).sum(0)
+    return G
 
 
 def diag_sq(m: nn.Module, names: list[str], calls: list[Call]) -> dict[str, torch.Tensor]:
     """``{name: sum_{k,n} (per-sample grad)^2}`` with the shape of each parameter."""
     if is_kfac_module(m) and len(calls) == 1:
         c = calls[0]
+        if isinstance(m, nn.Conv2d) and c.pooled is not None and c._grad is None:
+            return _conv_psg_sq_pooled(m, names, c.args[0], *c.pooled)
         if isinstance(m, nn.Conv2d):
-            return _conv_psg_sq(m, names, c.args[0], c.grads)
+            return _conv_psg_sq(m, names, c.args[0], c._grad if c._grad is not None else c.grads)
         a = rows_in(m, c.args[0])
         if a.shape[1] == 1:  # Linear without weight sharing: closed form
-            g2 = sum(gk.reshape(gk.shape[0], -1).square() for gk in c.grads)  # [N, D_out]
+            if c._grad is not None:
+                g2 = c._grad.square().sum(0).reshape(a.shape[0], -1)  # [N, D_out]
+            else:
+                g2 = sum(gk.reshape(gk.shape[0], -1).square() for gk in c.grads)
             out = {}
             if "weight" in names:
                 out["weight"] = g2.T @ a[:, 0].square()
@@ -180,7 +299,14 @@ def conv_A(m: nn.Conv2d, a: torch.Tensor) -> tuple[torch.Tensor, int]:
     sums over ``p`` give every block exactly: ``~kh / 2`` times fewer flops than ``X^T X`` on the
     ``[N S, C_in kh kw]`` patch matrix, and no patch copy (the width unfold is a ``kw``-fold copy,
     not ``kh kw``). Exact in any precision (plain sums, no cancellation).
+
+    Small images (``W^2 <= 1.5 kw^2 Wo``, e.g. LeNet) go to ``conv_factors.conv_A_rows`` (row-pair
+    GEMMs, ~1.5-2x faster there); see ``conv_factors.rows_cheaper``.
     """
+    from laplace_lab.laplace.conv_factors import conv_A_rows, rows_cheaper
+
+    if rows_cheaper(m, a):
+        return conv_A_rows(m, a)
     kh, kw = m.kernel_size
     sh, sw = m.stride
     dh, dw = m.dilation
@@ -223,13 +349,15 @@ def kfac_factors(m: nn.Module, calls: list[Call]) -> tuple[torch.Tensor, torch.T
         if isinstance(m, nn.Conv2d):
             A_c, n_rows = conv_A(m, a)
             G_c = 0
-            for gk in c.grads:  # per factor: no [K, N, ...] stack
+            if c.pooled is not None and c._grad is None:
+                G_c = _pooled_G(*c.pooled, c.output.shape[2:].numel())
+            for gk in (kn_blocks(c) if c.pooled is None or c._grad is not None else []):  # per factor or all at once: no [K, N, ...] stack
                 gm = gk.flatten(2)  # [N, C_out, S]
                 G_c = G_c + torch.bmm(gm, gm.transpose(1, 2)).sum(0)
         else:
             x = a.reshape(-1, a.shape[-1])
             A_c, G_c = x.T @ x, 0
-            for gk in c.grads:
+            for gk in kn_blocks(c):
                 gm = gk.reshape(-1, gk.shape[-1])
                 G_c = G_c + gm.T @ gm
             n_rows = x.shape[0]

@@ -3,7 +3,9 @@
 The training module (``MAPModule``) always holds one prior precision per parameter tensor of
 the *whole* model (``[n_param_tensors]``), or one per parameter (``[n_params]``) for a diagonal
 prior. A Laplace approximation covers a subset (all weights, or the last layer) and a prior
-structure (scalar ``[1]``, layerwise ``[n_subset_tensors]``, diagonal ``[n_subset_params]``).
+structure (scalar ``[1]``, layerwise ``[n_subset_tensors]``, diagonal ``[n_subset_params]``,
+normgroups ``[n_groups]`` with ``groups`` ``[n_subset_tensors]`` the group index of every subset
+tensor, ``Laplace.prior_groups``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-PRIOR_STRUCTURES = ("scalar", "layerwise", "diagonal")
+PRIOR_STRUCTURES = ("scalar", "layerwise", "diagonal", "normgroups")
 
 
 def subset_tensor_indices(model: nn.Module, subset_params: list[torch.Tensor]) -> list[int]:
@@ -20,20 +22,44 @@ def subset_tensor_indices(model: nn.Module, subset_params: list[torch.Tensor]) -
     return [position[id(p)] for p in subset_params]
 
 
+def example_input(input_shape, model: nn.Module) -> torch.Tensor | None:
+    """Zeros ``[2, *input_shape]`` on the model's device and dtype (the input the normgroups
+    detection traces; ``None`` if ``input_shape`` is ``None``)."""
+    if input_shape is None:
+        return None
+    p = next(model.parameters())
+    return torch.zeros(2, *input_shape, device=p.device, dtype=p.dtype)
+
+
+def _group_means(per_tensor: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """``[n_groups]`` mean of ``per_tensor`` ``[n]`` within each group (an empty group: the overall mean)."""
+    groups = groups.to(per_tensor.device)
+    n = int(groups.max()) + 1 if groups.numel() else 1
+    total = torch.zeros(n, dtype=per_tensor.dtype, device=per_tensor.device).index_add_(0, groups, per_tensor)
+    count = torch.zeros(n, dtype=per_tensor.dtype, device=per_tensor.device).index_add_(
+        0, groups, torch.ones_like(per_tensor))
+    return torch.where(count > 0, total / count.clamp_min(1), per_tensor.mean())
+
+
 def initial_log_prior(module_prior: torch.Tensor, model: nn.Module, subset_params: list[torch.Tensor],
-                      structure: str) -> torch.Tensor:
+                      structure: str, groups: torch.Tensor | None = None) -> torch.Tensor:
     """Log prior precision in the engine's shape, read off the module's buffer.
 
-    ``scalar`` takes the mean over the subset's tensors; ``diagonal`` expands per-tensor values.
+    ``scalar`` takes the mean over the subset's tensors, ``normgroups`` the mean within each group
+    (``groups``: ``Laplace.prior_groups``); ``diagonal`` expands per-tensor values.
     """
     params = list(model.parameters())
     idx = subset_tensor_indices(model, subset_params)
+    if structure == "normgroups" and groups is None:
+        raise ValueError("prior.structure='normgroups' needs the group index of every tensor (Laplace.prior_groups)")
     if module_prior.numel() == len(params):  # one per tensor
         per_tensor = module_prior[idx]
         if structure == "scalar":
             return per_tensor.mean().log().reshape(1)
         if structure == "layerwise":
             return per_tensor.log()
+        if structure == "normgroups":
+            return _group_means(per_tensor, groups).log()
         return torch.cat([v.expand(params[i].numel()) for v, i in zip(per_tensor, idx)]).log()
     if structure != "diagonal":
         raise ValueError(f"prior.structure={structure!r} cannot start from a per-parameter prior; allowed: ['diagonal']")
@@ -42,12 +68,17 @@ def initial_log_prior(module_prior: torch.Tensor, model: nn.Module, subset_param
 
 
 def write_prior(module_prior: torch.Tensor, model: nn.Module, subset_params: list[torch.Tensor],
-                structure: str, prior: torch.Tensor) -> torch.Tensor:
+                structure: str, prior: torch.Tensor, groups: torch.Tensor | None = None) -> torch.Tensor:
     """Return the module's prior buffer with the subset's entries replaced by ``prior``
-    (engine shape); tensors outside the subset keep their precision."""
+    (engine shape; ``normgroups``: each tensor gets its group's value, ``groups`` as in
+    ``initial_log_prior``); tensors outside the subset keep their precision."""
     params = list(model.parameters())
     idx = subset_tensor_indices(model, subset_params)
     prior = prior.detach().to(module_prior)
+    if structure == "normgroups":
+        if groups is None:
+            raise ValueError("prior.structure='normgroups' needs the group index of every tensor (Laplace.prior_groups)")
+        prior, structure = prior[groups.to(prior.device)], "layerwise"  # per subset tensor
     if structure != "diagonal":
         new = module_prior.clone()
         new[idx] = prior.expand(len(idx)) if structure == "scalar" else prior

@@ -2,8 +2,9 @@
 training (e.g. the methods of a paper table that share the MAP network of a seed).
 
 The key is a hash of every config value that influences MAP training: data, model, optimizer,
-lr_scheduler, trainer, seed, likelihood, prior, sigma_noise, temperature. Runs with online
-marglik (which changes training) are never cached.
+lr_scheduler, trainer, seed, likelihood, prior (less ``prior.structure``, which only shapes the
+Laplace's prior: training starts every tensor at ``prior.prior_precision``), sigma_noise,
+temperature. Runs with online marglik (which changes training) are never cached.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ TRAINING_KEYS = ("data", "model", "optimizer", "lr_scheduler", "trainer", "seed"
 def cache_key(cfg: DictConfig) -> str:
     """Stable hash of the training-relevant part of ``cfg``."""
     relevant = {k: OmegaConf.to_container(cfg, resolve=True).get(k) for k in TRAINING_KEYS}
+    relevant["prior"] = {k: v for k, v in (relevant["prior"] or {}).items() if k != "structure"}
     relevant["trainer"] = {k: v for k, v in (relevant["trainer"] or {}).items()
                            if k not in ("enable_progress_bar", "enable_model_summary", "log_every_n_steps")}
     return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -1,0 +1,184 @@
+"""The log marginal likelihood of a fitted Laplace as a cheap function of its hyperparameters.
+
+Hand-written (no library has it). Online marglik (Immer et al. 2021) takes ``K`` (e.g. 100) Adam
+steps on the log prior precisions (and, for regression, the log noise std) after each fit.
+``Laplace.log_marginal_likelihood`` rebuilds every per-block eigenvalue matrix, the ``[P]``
+per-parameter prior and the scatter on each call (and goes through the prior setter's checks), a
+few milliseconds per step on LeNet-5 -- 100 steps cost a fifth of a training epoch. For the kron
+and diag structures the posterior precision is diagonal in a fixed eigenbasis, so
+
+    log det (c H + P0) = sum_i log(c h_i + delta_{b(i)})
+
+with ``h`` the ``[P]`` eigenvalues of ``H`` (kron: ``lamG (x) lamA`` per weight, ``lamG`` per
+bias; diag: ``diag(H)``) and ``b(i)`` the prior group of eigenvalue ``i``. ``EigenMarglik``
+takes ``h``, the per-group sizes and squared distances to the prior mean once per fit. Calling it
+gives the value (differentiable by autograd); ``grad_log`` gives the gradient w.r.t. the log
+hyperparameters in closed form without the value -- one reciprocal and a few sums over the
+``[P]`` eigenvalues, no ``log`` and no autograd -- which is all that an Adam step needs:
+
+    d/d log delta_g = -1/2 (delta_g sum_{i in g} 1 / x_i - n_g + delta_g |theta_g - mu0_g|^2),
+    d/d log sigma   = c (2 loss + sum_i h_i / x_i) - N C       (regression; c = 1 / (sigma^2 T)),
+
+with ``x_i = c h_i + delta_{g(i)}``.
+
+Conventions are the engine's (``Laplace.log_marginal_likelihood``): ``c = 1 / (sigma^2 T)`` for
+regression, ``1 / T`` otherwise; log likelihood ``-c loss`` (regression also ``- N C log(sigma
+sqrt(2 pi))``); scatter ``(theta - mu0)^T P0 (theta - mu0)`` at ``la.mean``. ``EigenMarglik(la)``
+checks itself against ``la.log_marginal_likelihood`` at the current hyperparameters and raises
+``ValueError`` if they disagree (a convention changed in the engine); ``supports(la)`` tells which
+fits it handles: kron (scalar / layerwise / normgroups prior) and diag (any prior).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def supports(la) -> bool:
+    """Whether ``EigenMarglik`` handles ``la`` (fitted kron or diag structure, no linear-mode offset)."""
+    return (getattr(la, "_fitted", False) and la.hessian_structure in ("kron", "diag")
+            and getattr(la, "linear_offset", None) is None)
+
+
+def _kron_eigenvalues(blocks) -> list[torch.Tensor]:
+    out = []
+    for b in blocks:
+        if b["kind"] == "kron":
+            out.append(torch.outer(b["lamG"], b["lamA"]).reshape(-1))
+        elif b["kind"] == "kron1":
+            out.append(b["lamG"].reshape(-1))
+        elif b["kind"] == "diag":
+            out.append(b["h"].reshape(-1))
+        else:
+            raise ValueError(f"EigenMarglik: unknown kron block kind {b['kind']!r}")
+    return out
+
+
+class EigenMarglik:
+    """``(prior_precision, sigma_noise) -> log marglik`` of the fitted ``la`` in ``O(P)`` per call.
+
+    ``prior_precision``: the shape ``la.prior_precision`` takes (``[1]``, ``[n_layers]``,
+    ``[n_groups]`` for normgroups, ``[P]`` for a diagonal prior on the diag structure);
+    ``sigma_noise``: 0-dim (regression; ``None`` keeps ``la.sigma_noise``). Both may carry a graph.
+    ``la`` itself is not modified. ``check``: compare with ``la.log_marginal_likelihood`` once.
+    """
+
+    def __init__(self, la, check: bool = True, rtol: float | None = None):
+        if not supports(la):
+            raise ValueError("EigenMarglik needs a fitted Laplace with hessian_structure 'kron' or 'diag' "
+                             "and no linear-mode offset")
+        self.la = la
+        self.prior_structure = la.prior_structure
+        self.regression = la.likelihood == "regression"
+        self.temperature = la.temperature
+        self.dtype, device = la._dtype, la._device
+        with torch.no_grad():
+            h = torch.cat(_kron_eigenvalues(la.H)) if la.hessian_structure == "kron" else la.H.reshape(-1)
+            h = h.to(self.dtype)
+            diff2 = (la.mean - la.prior_mean).square().to(self.dtype).expand(la.n_params)  # [P]
+            self.loss = la.loss.detach().to(self.dtype)
+        if h.numel() != la.n_params:
+            raise ValueError(f"EigenMarglik: {h.numel()} eigenvalues for {la.n_params} parameters")
+        self.n_norm = la.n_data * (la.n_outputs or 1)
+        self.sigma_noise = la.sigma_noise.detach()
+        if self.prior_structure == "diagonal":  # one precision per parameter: no groups
+            self.split = None
+            self.h, self.diff2 = h, diff2
+        else:  # group of every parameter: 0 (scalar), its tensor (layerwise) or its tensor's group (normgroups)
+            n_layers = len(la._sizes)
+            if self.prior_structure == "scalar":
+                groups = torch.zeros(n_layers, dtype=torch.long)
+            elif self.prior_structure == "normgroups":
+                groups = la.prior_groups.detach().cpu().long()
+            else:
+                groups = torch.arange(n_layers)
+            self.n_groups = int(groups.max()) + 1 if n_layers else 1
+            index = torch.repeat_interleave(groups, torch.as_tensor(la._sizes)).to(device)  # [P]
+            # the sums are order-free: sort the eigenvalues by group once, so that a call expands the
+            # group precisions by views + one copy (a [P] gather is several times slower on CPU)
+            order = torch.argsort(index, stable=True)
+            self.h = h[order].contiguous()
+            counts = torch.bincount(index, minlength=self.n_groups)
+            self.split = counts.tolist()
+            self.group_sizes = counts.to(self.dtype)
+            self.group_diff2 = torch.zeros(self.n_groups, dtype=self.dtype, device=device).index_add_(0, index, diff2)
+        if check:
+            self._check(rtol if rtol is not None else (1e-10 if self.dtype == torch.float64 else 1e-4))
+
+    def _check(self, rtol: float) -> None:
+        la = self.la
+        with torch.no_grad():
+            prior = la.prior_precision.detach().clone()
+            sigma = la.sigma_noise.detach().clone() if self.regression else None
+            ref = float(la.log_marginal_likelihood())
+            mine = float(self(prior, sigma))
+        if not math.isclose(ref, mine, rel_tol=rtol, abs_tol=rtol):
+            raise ValueError(f"EigenMarglik disagrees with Laplace.log_marginal_likelihood: {mine} vs {ref}")
+
+    # ---- pieces -------------------------------------------------------------------------------
+    def _delta(self, prior: torch.Tensor) -> torch.Tensor:
+        """``[n_groups]`` (or ``[P]`` for a diagonal prior) precisions."""
+        prior = prior.to(self.dtype).reshape(-1)
+        want = self.h.numel() if self.split is None else self.n_groups
+        if prior.numel() == 1 and want != 1:
+            prior = prior.expand(want)
+        if prior.numel() != want:
+            raise ValueError(f"prior_precision has {prior.numel()} entries; expected {want}")
+        return prior
+
+    def _expand(self, delta: torch.Tensor) -> torch.Tensor:
+        if self.split is None:
+            return delta
+        return torch.cat([d.expand(n) for d, n in zip(delta.unbind(), self.split)])
+
+    def _scale(self, sigma_noise):
+        """``(c, sigma)``: curvature scale and the noise std (regression) or ``None``."""
+        if not self.regression:
+            if sigma_noise is not None:
+                raise ValueError("sigma_noise can only be set for likelihood='regression'")
+            return 1.0 / self.temperature, None
+        sigma = (sigma_noise if sigma_noise is not None else self.sigma_noise).to(self.dtype).reshape(())
+        return 1.0 / (sigma.square() * self.temperature), sigma
+
+    # ---- value (autograd) ----------------------------------------------------------------------
+    def __call__(self, prior_precision: torch.Tensor, sigma_noise: torch.Tensor | None = None) -> torch.Tensor:
+        c, sigma = self._scale(sigma_noise)
+        loglik = -c * self.loss
+        if sigma is not None:
+            loglik = loglik - self.n_norm * torch.log(sigma * math.sqrt(2 * math.pi))
+        delta = self._delta(prior_precision)
+        logdet_post = torch.log(self._expand(delta) + c * self.h).sum()
+        if self.split is None:
+            logdet_prior, scatter = delta.log().sum(), (delta * self.diff2).sum()
+        else:
+            logdet_prior, scatter = (self.group_sizes * delta.log()).sum(), (delta * self.group_diff2).sum()
+        return loglik - 0.5 * (logdet_post - logdet_prior + scatter)
+
+    # ---- gradient (closed form) -------------------------------------------------------------------
+    @torch.no_grad()
+    def grad_log(self, log_prior: torch.Tensor, log_sigma: torch.Tensor | None = None):
+        """``(d/d log_prior, d/d log_sigma or None)`` of the log marglik at ``exp(log_prior)``,
+        ``exp(log_sigma)``; shapes (and dtypes) of the arguments. No value, no autograd."""
+        lp = log_prior.detach().to(self.dtype)
+        delta = self._delta(lp.exp())
+        sigma = log_sigma.detach().to(self.dtype).exp() if log_sigma is not None else None
+        c, sigma = self._scale(sigma)
+        ch = self.h * c
+        inv = self._expand(delta).add(ch).reciprocal_()  # 1 / x_i
+        if self.split is None:
+            g = -0.5 * (delta * inv - 1.0 + delta * self.diff2)
+        else:
+            S = torch.stack([part.sum() for part in inv.split(self.split)])
+            g = -0.5 * (delta * S - self.group_sizes + delta * self.group_diff2)
+            if lp.numel() == 1 and self.n_groups != 1:  # one precision shared by all groups
+                g = g.sum().reshape(1)
+        g_sigma = None
+        if log_sigma is not None:
+            if sigma is None:
+                raise ValueError("log_sigma can only be given for likelihood='regression'")
+            # dL/dlog sigma = (dL/dc)(dc/dlog sigma) - N C,  dL/dc = -loss - 1/2 sum h / x,  dc/dlog sigma = -2 c
+            g_sigma = (c * (2 * self.loss + (self.h * inv).sum()) - self.n_norm).reshape(log_sigma.shape)
+            g_sigma = g_sigma.to(log_sigma.dtype)
+        return g.reshape(log_prior.shape).to(log_prior.dtype), g_sigma
