@@ -80,6 +80,16 @@ def test_nonfinite_steps_are_rejected_and_training_goes_on():
     assert callback.n_rejected == n_rejected + callback.n_steps
     assert torch.equal(callback.log_prior.detach(), before)
 
+    # A marglik whose evaluation fails (Cholesky of an indefinite precision): rejected the same way.
+    def failing(la):
+        raise torch.linalg.LinAlgError("linalg.cholesky: not positive-definite")
+
+    callback._marglik = failing
+    n_rejected = callback.n_rejected
+    assert math.isnan(callback._hyper_steps(type("T", (), {"max_epochs": 3})(), la))
+    assert callback.n_rejected == n_rejected + callback.n_steps
+    assert torch.equal(callback.log_prior.detach(), before)
+
 
 def test_resume_from_checkpoint_reproduces_trajectory(tmp_path):
     torch.manual_seed(0)

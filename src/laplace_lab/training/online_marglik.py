@@ -243,7 +243,8 @@ class OnlineMarglik(pl.Callback):
         K = 100 steps take milliseconds; a step is rejected if that gradient is not finite (the
         value is then finite too: logs of positive finite numbers). Other structures evaluate and
         back-propagate ``la.log_marginal_likelihood`` every step and reject non-finite values or
-        gradients. The optimiser state is snapshotted by cloning its (tiny) tensors."""
+        gradients, or a step whose evaluation raises ``torch.linalg.LinAlgError`` (an indefinite
+        precision). The optimiser state is snapshotted by cloning its (tiny) tensors."""
         params = [p for p in (self.log_prior, self.log_sigma) if p is not None]
         fast = self._eigen_marglik(la)
         opt = self.hyper_optimizer
@@ -261,9 +262,12 @@ class OnlineMarglik(pl.Callback):
                     self.log_sigma.grad = -g_sigma
                 checks = [p.grad for p in params]
             else:
-                neg = -self._marglik(la)
-                neg.backward()
-                checks = None if any(p.grad is None for p in params) else [neg, *(p.grad for p in params)]
+                try:
+                    neg = -self._marglik(la)
+                    neg.backward()
+                    checks = None if any(p.grad is None for p in params) else [neg, *(p.grad for p in params)]
+                except torch.linalg.LinAlgError:  # e.g. Cholesky of an indefinite precision: reject
+                    checks = None
             if checks is None or not _all_finite(checks):
                 self.n_rejected += 1
                 continue
@@ -281,7 +285,10 @@ class OnlineMarglik(pl.Callback):
                     continue
             self.hyper_steps_done += 1
         with torch.no_grad():
-            return float(self._marglik(la))
+            try:
+                return float(self._marglik(la))
+            except torch.linalg.LinAlgError:
+                return float("nan")
 
     def _eigen_marglik(self, la: Laplace):
         """``EigenMarglik(la)`` for kron / diag fits, else ``None`` (also, with a warning, if it does
