@@ -226,3 +226,15 @@ def test_adam_step_is_torch_adam(kw):
     assert torch.equal(a, b)
     sa, sb = oa.state_dict()["state"][0], ob.state_dict()["state"][0]
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_fused_mode_rejects_batchnorm_before_training():
+    torch.manual_seed(0)
+    X, y = torch.randn(40, 2), torch.randn(40, 1)
+    model = nn.Sequential(nn.Linear(2, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 1))
+    before = [p.detach().clone() for p in model.parameters()]
+    kwargs = {"fused": True, "laplace_kwargs": {"subset_of_weights": "all", "hessian_structure": "kron",
+                                                "curvature": "ef"}}
+    with pytest.raises(ValueError, match=r"marglik.fused=true does not support BatchNorm.*allowed.*fused=false"):
+        fit_online(model, TensorDataModule(X, y, batch_size=40), epochs=1, callback_kwargs=kwargs)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # no training step ran

@@ -41,6 +41,7 @@ import warnings
 
 import pytorch_lightning as pl
 import torch
+from torch import nn
 
 from laplace_lab.laplace import Laplace, eigen_marglik
 from laplace_lab.training.hyperparameters import (
@@ -191,6 +192,14 @@ class OnlineMarglik(pl.Callback):
     # --- fused accumulation ------------------------------------------------------------------
     def _is_marglik_epoch(self, trainer: pl.Trainer) -> bool:
         return trainer.current_epoch + 1 in marglik_epochs(trainer.max_epochs, self.burnin, self.frequency)
+
+    def on_fit_start(self, trainer: pl.Trainer, module: MAPModule) -> None:
+        """Reject fused mode on networks with BatchNorm before any training: its train-mode batch
+        statistics couple the samples (no per-sample gradients to accumulate)."""
+        norms = [n for n, m in module.model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        if self.fused and norms:
+            raise ValueError(f"marglik.fused=true does not support BatchNorm layers (found {norms[:3]}); "
+                             "allowed for this model: marglik.fused=false")
 
     def on_train_epoch_start(self, trainer: pl.Trainer, module: MAPModule) -> None:
         if not (self.fused and self._is_marglik_epoch(trainer)):
