@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -39,3 +40,14 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()):
 @pytest.fixture
 def compose_cfg():
     return compose_config
+
+
+@pytest.fixture
+def one_thread():
+    """Small float64 problems: one torch thread (several threads on a shared CPU run ~10x
+    slower from oversubscription); restored afterwards. Use with
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

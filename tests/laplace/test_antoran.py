@@ -19,13 +19,7 @@ from laplace_lab.models import MLP, ResNet18, WideResNet
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny float64 linear algebra: one thread (several threads on a shared CPU are ~10x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _data(likelihood, n=40, d=3, c=2, seed=0):

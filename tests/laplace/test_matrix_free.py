@@ -30,14 +30,7 @@ from laplace_lab.laplace.predictive import probit
 D_OUT = {"classification": 3, "regression": 2, "heteroscedastic_regression": 4}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny float64 problems: one thread avoids oversubscription on the shared 2-core box (the
-    suite runs ~8x slower with 2 threads under load); restored afterwards."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def small_mlp(d_out=3, seed=0):

@@ -18,14 +18,7 @@ from laplace_lab.training.predictors import laplace_predictor
 from tests.conftest import compose_config
 from tests.training.marglik_helpers import TensorDataModule, fit_online
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Small models: one thread (several threads on a shared CPU are ~10x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ------------------------------------------------------------------------------------- models
