@@ -11,7 +11,15 @@ from torch import nn
 
 from laplace_lab.laplace import Laplace
 from laplace_lab.laplace.capture import Call
-from laplace_lab.laplace.chain import Chain, _conv_backward_s2d, _s2d_ok
+from laplace_lab.laplace.chain import (
+    Chain,
+    _conv_backward_s2d,
+    _conv_pool_s2d,
+    _s2d_ok,
+    _s2d_perm,
+    _slot_onehot,
+    _to_blocks,
+)
 from laplace_lab.laplace.modules import _conv_psg_sq, _conv_psg_sq_pooled, kfac_factors
 
 
@@ -59,8 +67,8 @@ def targets(lik, n, d_out, seed=2):
     return torch.randn(n, d_out, generator=g, dtype=torch.float64)
 
 
-def fit(model, X, y, use_chain, batch_size=5, **kw):
-    la = Laplace(model, kw.pop("likelihood", "classification"), subset_of_weights="all", seed=3, **kw)
+def fit(model, X, y, use_chain, batch_size=5, subset="all", **kw):
+    la = Laplace(model, kw.pop("likelihood", "classification"), subset_of_weights=subset, seed=3, **kw)
     la._use_chain = use_chain
     la.fit(loader(X, y, batch_size))
     assert (la._chain is not None) == use_chain
@@ -81,11 +89,15 @@ CASES = [("lenet", (1, 14, 14)), ("odd", (2, 17, 21)), ("s2d", (1, 12, 12))]
 @pytest.mark.parametrize("structure", ["kron", "diag", "full"])
 @pytest.mark.parametrize("curv", ["ggn", "ef", "mc_fisher"])
 @pytest.mark.parametrize("lik", ["classification", "regression"])
-def test_chain_equals_autograd_path(kind, shape, structure, curv, lik):
+@pytest.mark.parametrize("subset", ["all", "last_layer"])
+def test_chain_equals_autograd_path(kind, shape, structure, curv, lik, subset):
+    if subset == "last_layer" and (curv == "mc_fisher" or kind == "s2d"):
+        pytest.skip("covered by the other cases")
     make = {"lenet": lenet_small, "odd": odd_cnn, "s2d": s2d_cnn}[kind]
     X, y = images(11, *shape), targets(lik, 11, 3)
-    a = fit(make(), X, y, False, hessian_structure=structure, curvature=curv, likelihood=lik)
-    b = fit(make(), X, y, True, hessian_structure=structure, curvature=curv, likelihood=lik)
+    kw = dict(hessian_structure=structure, curvature=curv, likelihood=lik, subset=subset)
+    a = fit(make(), X, y, False, **kw)
+    b = fit(make(), X, y, True, **kw)
     torch.testing.assert_close(curvature_of(b), curvature_of(a), rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(b.loss, a.loss, rtol=1e-12, atol=0)
     torch.testing.assert_close(b.log_marginal_likelihood(), a.log_marginal_likelihood(), rtol=1e-10, atol=0)
@@ -144,6 +156,10 @@ def test_fast_max_pool_matches_max_pool2d_with_ties(k, hw):
     out, idx = Chain._pool(pool, x)
     torch.testing.assert_close(out, ref, rtol=0, atol=0)
     assert torch.equal(idx, ref_idx)
+    if k == 2 and hw[0] % 2 == 0 and hw[1] % 2 == 0:
+        oh = _slot_onehot(idx.flatten(2), hw[1], torch.float64)  # [N, C, 4, P]
+        slot = (idx // hw[1] % 2) * 2 + idx % 2
+        assert torch.equal(oh, F.one_hot(slot.flatten(2), 4).double().transpose(2, 3))
 
 
 def _pooled_call(seed=0, K=4):
@@ -194,12 +210,36 @@ def test_space_to_depth_conv_backward(cin, cout, k, hw):
     m = nn.Conv2d(cin, cout, k).double()
     N, K = 3, 2
     x_shape = (N, cin, hw[0] + k - 1, hw[1] + k - 1)
+    assert _s2d_ok(m, x_shape)
     g = torch.randn(N, K, cout, *hw, dtype=torch.float64)
-    assert _s2d_ok(m, x_shape, g)
     ref = F.conv_transpose2d(g.reshape(N * K, cout, *hw), m.weight).view(N, K, cin, *x_shape[2:])
-    out, perm = _conv_backward_s2d(m, g, K, N, keep_order=False)
+    g_s2d = g.view(N, K, cout, hw[0] // 2, 2, hw[1] // 2, 2).permute(0, 1, 2, 4, 6, 3, 5).reshape(N, K, cout, 4, -1)
+    out, perm = _conv_backward_s2d(m, x_shape, g_s2d, K, N, keep_order=False)
     assert perm is None
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
-    out, perm = _conv_backward_s2d(m, g, K, N, keep_order=True)
+    out, in_hw = _conv_backward_s2d(m, x_shape, g_s2d, K, N, keep_order=True)
+    assert in_hw == x_shape[2:]
+    perm = _s2d_perm(*in_hw, "cpu")
     torch.testing.assert_close(out, ref.flatten(3)[..., perm], rtol=1e-12, atol=1e-12)
     assert torch.equal(perm.sort().values, torch.arange(x_shape[2] * x_shape[3]))
+    idx = torch.randint(0, 100, (N, cin, x_shape[2] * x_shape[3]))
+    assert torch.equal(_to_blocks(idx, *in_hw), idx[..., perm])
+    c = Call((torch.zeros(x_shape, dtype=torch.float64),), {}, torch.zeros(N, cout, *hw, dtype=torch.float64))
+    c.s2d = g_s2d.reshape(N, K, cout, -1)
+    torch.testing.assert_close(c.grad, g.transpose(0, 1), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("cin,cout,k,hw", [(1, 6, 5, (28, 28)), (3, 4, 3, (8, 10)), (2, 5, 1, (4, 2))])
+def test_space_to_depth_conv_and_pool_forward(cin, cout, k, hw):
+    g = torch.Generator().manual_seed(0)
+    m = nn.Conv2d(cin, cout, k).double()
+    with torch.no_grad():  # integer weights and inputs: many tied maxima
+        m.weight.copy_(torch.randint(-1, 2, m.weight.shape, generator=g))
+        m.bias.copy_(torch.randint(-1, 2, m.bias.shape, generator=g))
+    x = torch.randint(-1, 2, (3, cin, *hw), generator=g).double()
+    z_ref = m(x).detach()
+    ref, ref_idx = F.max_pool2d(z_ref, 2, return_indices=True)
+    z, pooled, idx = _conv_pool_s2d(m, x)
+    torch.testing.assert_close(z(), z_ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(pooled, ref, rtol=0, atol=1e-12)
+    assert torch.equal(idx, ref_idx)

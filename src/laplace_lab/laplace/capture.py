@@ -42,17 +42,40 @@ class Call:
     same gradients in compressed form ``(v, idx)``: ``v`` ``[N, K, C, P]`` the values at the ``P``
     pooled positions, ``idx`` ``[N, C, P]`` their flat positions in the ``H W`` output map (every
     other entry is zero). ``grad`` / ``grads`` scatter them into the dense tensor on first access;
-    the kernels in ``modules`` use ``pooled`` directly where that is cheaper."""
+    the kernels in ``modules`` use ``pooled`` directly where that is cheaper.
 
-    __slots__ = ("args", "kwargs", "output", "version", "_grad", "_grads", "pooled")
+    ``s2d`` (set by ``chain.Chain`` for a Conv2d whose backward runs in 2x2 space-to-depth form):
+    the dense gradient ``[N, K, C, H W]`` with its positions in 2x2-block order (``(qy, qx, a, b)``
+    for ``y = 2 a + qy``, ``x = 2 b + qx``); ``grad`` reorders it on first access."""
 
-    def __init__(self, args: tuple, kwargs: dict, output: torch.Tensor, grad: torch.Tensor | None = None,
-                 version: int = -1):
-        self.args, self.kwargs, self.output = args, kwargs, output
+    __slots__ = ("args", "kwargs", "_output", "_output_fn", "_out_shape", "version", "_grad", "_grads",
+                 "pooled", "s2d")
+
+    def __init__(self, args: tuple, kwargs: dict, output: torch.Tensor | None, grad: torch.Tensor | None = None,
+                 version: int = -1, output_fn=None, out_shape: torch.Size | None = None):
+        self.args, self.kwargs = args, kwargs
+        self._output, self._output_fn = output, output_fn  # output_fn: computes it on first access
+        self._out_shape = out_shape
         self.version = version  # output._version when recorded (unprotected capture)
         self._grad = grad
         self._grads = None
         self.pooled = None
+        self.s2d = None
+
+    @property
+    def output(self) -> torch.Tensor:
+        if self._output is None and self._output_fn is not None:
+            self._output, self._output_fn = self._output_fn(), None
+        return self._output
+
+    @output.setter
+    def output(self, value: torch.Tensor) -> None:
+        self._output, self._output_fn = value, None
+
+    @property
+    def out_shape(self) -> torch.Size:
+        """The output's shape (without computing a lazily given output)."""
+        return self._out_shape if self._out_shape is not None else self.output.shape
 
     @property
     def grad(self) -> torch.Tensor | None:
@@ -63,24 +86,29 @@ class Call:
         if self._grad is None and self.pooled is not None:
             v, idx = self.pooled
             N, K, C, P = v.shape
-            dense = v.new_zeros(N, K, C, self.output.shape[2:].numel())
+            dense = v.new_zeros(N, K, C, self.out_shape[2:].numel())
             dense.scatter_(3, idx[:, None].expand(N, K, C, P), v)
-            self._grad = dense.view(N, K, *self.output.shape[1:]).transpose(0, 1)
+            self._grad = dense.view(N, K, *self.out_shape[1:]).transpose(0, 1)
+        if self._grad is None and self.s2d is not None:
+            N, K, C = self.s2d.shape[:3]
+            H, W = self.out_shape[2:]
+            g = self.s2d.view(N, K, C, 2, 2, H // 2, W // 2).permute(0, 1, 2, 5, 3, 6, 4)
+            self._grad = g.reshape(N, K, C, H, W).transpose(0, 1)
         return self._grad
 
     @grad.setter
     def grad(self, value: torch.Tensor | None) -> None:
-        self._grad, self._grads, self.pooled = value, None, None
+        self._grad, self._grads, self.pooled, self.s2d = value, None, None, None
 
     @property
     def grads(self) -> list[torch.Tensor] | None:
-        if self._grads is None and (self._grad is not None or self.pooled is not None):
+        if self._grads is None and (self._grad is not None or self.pooled is not None or self.s2d is not None):
             return list(self.grad.unbind(0))
         return self._grads
 
     @grads.setter
     def grads(self, value: list[torch.Tensor]) -> None:
-        self._grad, self._grads, self.pooled = None, list(value), None
+        self._grad, self._grads, self.pooled, self.s2d = None, list(value), None, None
 
 
 @dataclass

@@ -236,10 +236,12 @@ class Laplace:
         self.model.eval()
         self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
         self.linear_offset = None
-        # plain sequential networks: batched hand-written backward of the K factors (chain.py)
+        # plain sequential networks: graph-free forward and one batched backward of the K factors
+        # (chain.py); for a last-layer subset only its faster forward matters
         self._chain = None
-        if self._use_chain and self.subset_of_weights == "all":
-            self._chain = Chain.build(self.model, [e.module for e in self.entries])
+        if self._use_chain:
+            self._chain = Chain.build(self.model, [e.module for e in self.entries],
+                                      block_order_ok=self.hessian_structure == "kron")
 
     def fit_batch(self, X, y) -> None:
         """Accumulate curvature and loss of one batch (one forward, one batched backward)."""

@@ -47,9 +47,10 @@ def is_kfac_module(m: nn.Module) -> bool:
     )
 
 
-def conv_patches(m: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
+def conv_patches(m: nn.Conv2d, a: torch.Tensor, s2d: bool = False) -> torch.Tensor:
     """``F.unfold(a, ...)`` of a Conv2d's input, ``[N, C_in kh kw, S]``, built as one copy of a
-    strided view (``F.unfold`` was measured 5-10x slower on CPU for LeNet's convolutions)."""
+    strided view (``F.unfold`` was measured 5-10x slower on CPU for LeNet's convolutions).
+    ``s2d``: output positions in 2x2-block order ``(qy, qx, a, b)`` (``Call.s2d``; even ``Ho, Wo``)."""
     kh, kw = m.kernel_size
     sh, sw = m.stride
     dh, dw = m.dilation
@@ -61,6 +62,10 @@ def conv_patches(m: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
     Ho = (H - dh * (kh - 1) - 1) // sh + 1
     Wo = (W - dw * (kw - 1) - 1) // sw + 1
     s = a.stride()
+    if s2d:
+        x = a.as_strided((N, C, kh, kw, 2, 2, Ho // 2, Wo // 2),
+                         (s[0], s[1], s[2] * dh, s[3] * dw, s[2] * sh, s[3] * sw, 2 * s[2] * sh, 2 * s[3] * sw))
+        return x.reshape(N, C * kh * kw, Ho * Wo)
     x = a.as_strided((N, C, kh, kw, Ho, Wo), (s[0], s[1], s[2] * dh, s[3] * dw, s[2] * sh, s[3] * sw))
     return x.reshape(N, C * kh * kw, Ho * Wo)
 
@@ -153,14 +158,17 @@ def kn_blocks(c: Call) -> list[torch.Tensor]:
     """The output gradients of a call as tensors whose first dimension runs over (factor, sample)
     pairs: one ``[K N, *out]`` view when ``c.grad`` is a tensor (``Chain``), else the ``K``
     per-factor ``[N, *out]`` tensors (``Capture``'s autograd loop; never stacked)."""
+    if c._grad is None and c.s2d is not None:  # sums over positions: their order does not matter
+        return [c.s2d.flatten(0, 1)]
     if c._grad is not None:
         return [flat_kn(c._grad)]
     return c.grads
 
 
-def _conv_psg_sq(m: nn.Conv2d, names: list[str], a: torch.Tensor, grads) -> dict[str, torch.Tensor]:
+def _conv_psg_sq(m: nn.Conv2d, names: list[str], a: torch.Tensor, grads, s2d: bool = False) -> dict[str, torch.Tensor]:
     """``{name: sum_{k,n} (per-sample grad)^2}`` for a Conv2d: ``a`` [N, C_in, H, W], ``grads``
-    ``K`` x [N, C_out, Ho, Wo] or one ``[K, N, C_out, Ho, Wo]`` tensor.
+    ``K`` x [N, C_out, Ho, Wo] or one ``[K, N, C_out, Ho, Wo]`` tensor (``s2d``: ``[K, N, C_out,
+    Ho Wo]`` with positions in 2x2-block order, ``Call.s2d``).
 
     Per-sample weight gradients ``g_n [K C_out, S] @ x_n^T [S, D_in]`` as batched matmuls over
     chunks of samples (the chunk's ``[n, K C_out, D_in]`` result stays in cache), squared and
@@ -177,7 +185,7 @@ def _conv_psg_sq(m: nn.Conv2d, names: list[str], a: torch.Tensor, grads) -> dict
         gs = grads.transpose(0, 1) if tensor else None  # [N, K, C_out, ...]
         acc = a.new_zeros(K * n_out, D)
         for i in range(0, N, _chunk(N, K * n_out * D)):  # chunk: patches, product stay in cache
-            x = conv_patches(m, a[i:i + _chunk(N, K * n_out * D)])  # [n, D, S]
+            x = conv_patches(m, a[i:i + _chunk(N, K * n_out * D)], s2d)  # [n, D, S]
             n, S = x.shape[0], x.shape[2]
             if tensor:
                 gg = gs[i:i + n].reshape(n, K * n_out, S)
@@ -265,6 +273,8 @@ def diag_sq(m: nn.Module, names: list[str], calls: list[Call]) -> dict[str, torc
         c = calls[0]
         if isinstance(m, nn.Conv2d) and c.pooled is not None and c._grad is None:
             return _conv_psg_sq_pooled(m, names, c.args[0], *c.pooled)
+        if isinstance(m, nn.Conv2d) and c.s2d is not None and c._grad is None:
+            return _conv_psg_sq(m, names, c.args[0], c.s2d.transpose(0, 1), s2d=True)
         if isinstance(m, nn.Conv2d):
             return _conv_psg_sq(m, names, c.args[0], c._grad if c._grad is not None else c.grads)
         a = rows_in(m, c.args[0])
@@ -350,7 +360,7 @@ def kfac_factors(m: nn.Module, calls: list[Call]) -> tuple[torch.Tensor, torch.T
             A_c, n_rows = conv_A(m, a)
             G_c = 0
             if c.pooled is not None and c._grad is None:
-                G_c = _pooled_G(*c.pooled, c.output.shape[2:].numel())
+                G_c = _pooled_G(*c.pooled, c.out_shape[2:].numel())
             for gk in (kn_blocks(c) if c.pooled is None or c._grad is not None else []):  # per factor or all at once: no [K, N, ...] stack
                 gm = gk.flatten(2)  # [N, C_out, S]
                 G_c = G_c + torch.bmm(gm, gm.transpose(1, 2)).sum(0)
