@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from laplace_lab.sweeps.resolvers import job_subdir
-from laplace_lab.sweeps.status import is_finished, read_status
+from laplace_lab.sweeps.status import config_fingerprint, is_finished, read_status
 from tests.conftest import compose_config
 from tests.sweeps.helpers import TINY, multirun, require_plugin, summary
 
@@ -62,6 +62,25 @@ def test_failed_job_is_reported_and_rerun_runs_only_unfinished(tmp_path):
     assert read_status(bad)["attempts"] == 2 and read_status(kept)["attempts"] == 1
     assert "Skipping job" in proc.stdout + proc.stderr
     assert len((sweep / "launches.jsonl").read_text().splitlines()) == 2
+    assert read_status(kept)["config_hash"] != read_status(killed)["config_hash"]
+
+    # A finished job whose config changed since (an edited preset keeps the folder name) runs again.
+    status = read_status(kept)
+    (kept / "status.json").write_text(json.dumps({**status, "config_hash": "0" * 16}))
+    proc, sweep = multirun(tmp_path, *args)
+    s = summary(sweep)
+    assert kept.name in s["finished"] and killed.name in s["skipped"], (s, proc.stderr[-3000:])
+    assert "finished before with a different config" in proc.stdout + proc.stderr
+    assert read_status(kept)["config_hash"] == status["config_hash"] and is_finished(kept)
+
+
+def test_config_fingerprint_ignores_run_only_keys():
+    cfg = compose_config(["seed=0"])
+    base = config_fingerprint(cfg)
+    assert config_fingerprint(compose_config(["seed=0", "paths.output_root=/elsewhere", "torch_num_threads=3",
+                                              "trainer.enable_progress_bar=false"])) == base
+    assert config_fingerprint(compose_config(["seed=1"])) != base
+    assert config_fingerprint(compose_config(["seed=0", "trainer.max_epochs=7"])) != base
 
 
 @pytest.mark.slow  # Ray start-up: 20-35 s alone, timed out (300 s) on the overloaded 2-core machine

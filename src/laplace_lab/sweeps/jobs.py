@@ -1,8 +1,10 @@
 """``run_tracked``: what ``laplace_lab.train.main`` runs for each job.
 
 Single runs (``python -m laplace_lab.train``) always run and raise on error. Jobs of a multirun
-(``-m``) are resumable: a job whose folder already holds a finished run is skipped with a log line;
-otherwise it runs with its ``status.json`` marked ``running``, then ``finished``, or ``failed``
+(``-m``) are resumable: a job whose folder already holds a finished run of the same config
+(``config_hash`` in ``status.json``) is skipped with a log line; one finished with another config
+(a preset edited since: the folder name does not change) runs again with a warning naming both
+hashes. A job that runs has its ``status.json`` marked ``running``, then ``finished``, or ``failed``
 with the traceback, and a failure is logged but not raised, so the other jobs go on and the
 ``SweepSummary`` callback reports it at the end. The return value is the sweep objective
 (``val/nll`` unless ``+sweep_objective=<metric>``), NaN for a failed job: what Optuna minimises.
@@ -27,11 +29,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from laplace_lab.sweeps.status import (
     ENTRY,
+    config_fingerprint,
     current_launch_id,
     git_state,
     hardware,
     is_finished,
     now_iso,
+    read_status,
     write_status,
 )
 
@@ -66,7 +70,13 @@ def run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
     hc = HydraConfig.get()
     launch_id = current_launch_id(hc.sweep.dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    if is_finished(output_dir):
+    fingerprint = config_fingerprint(cfg)
+    stale = is_finished(output_dir) and (read_status(output_dir) or {}).get("config_hash", fingerprint) != fingerprint
+    if stale:
+        log.warning("Job #%s %s finished before with a different config (hash %s, now %s): running it again",
+                    hc.job.num, hc.job.override_dirname, read_status(output_dir)["config_hash"], fingerprint)
+        (output_dir / "metrics.json").unlink()
+    elif is_finished(output_dir):
         log.info("Skipping job #%s %s: already finished in %s", hc.job.num, hc.job.override_dirname, output_dir)
         write_status(output_dir, launch_id=launch_id, last_action="skipped", skipped_at=now_iso())
         return objective(json.loads((output_dir / "metrics.json").read_text()), key)
@@ -75,7 +85,7 @@ def run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
                             started=now_iso(), ended=None, error=None, traceback=None)
     write_status(output_dir, attempts=int(previous.get("attempts") or 0) + 1, job_num=hc.job.num,
                  overrides=overrides, command=" ".join([ENTRY, *map(shlex.quote, overrides)]),
-                 git=git_state(), pid=os.getpid(), host=socket.gethostname())
+                 git=git_state(), pid=os.getpid(), host=socket.gethostname(), config_hash=fingerprint)
     (output_dir / FAILED_FILE).unlink(missing_ok=True)
     start = time.perf_counter()
     try:

@@ -2,13 +2,16 @@
 
 A job folder is *finished* when it holds ``metrics.json`` and a ``status.json`` whose ``state``
 is ``finished``; ``running`` (killed jobs keep it) and ``failed`` (with the traceback) are run
-again by the next launch of the same multirun. ``<sweep dir>/launches.jsonl`` has one line per
+again by the next launch of the same multirun. The marker also stores ``config_hash``
+(``config_fingerprint``): a finished job whose config has changed since (e.g. an edited preset,
+which does not change the folder name) is run again rather than skipped. ``<sweep dir>/launches.jsonl`` has one line per
 launch (id, command, start time); a job stamps the current launch id into its marker, which is how
 the end-of-sweep summary tells this launch's jobs from older ones.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -27,6 +30,26 @@ SUMMARY_FILE = "summary.json"
 STATES = ("running", "finished", "failed")
 REPO_ROOT = Path(__file__).resolve().parents[3]
 ENTRY = "python -m laplace_lab.train"
+
+
+# Config keys that do not change a run's result (where it writes, how it logs, thread count):
+# left out of ``config_fingerprint``, as ``hydra.job.config.override_dirname.exclude_keys`` keeps
+# them out of the job's folder name.
+RUN_ONLY_KEYS = ("paths", "logger", "aggregate", "experiment_name", "map_cache", "torch_num_threads")
+RUN_ONLY_SUBKEYS = {"trainer": ("enable_progress_bar", "enable_model_summary", "log_every_n_steps"),
+                    "evaluation": ("progress",), "data": ("data_dir",)}
+
+
+def config_fingerprint(cfg: Any) -> str:
+    """Stable hash of the resolved job config less ``RUN_ONLY_KEYS`` / ``RUN_ONLY_SUBKEYS``."""
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
+    data = {k: v for k, v in data.items() if k not in RUN_ONLY_KEYS}
+    for key, subkeys in RUN_ONLY_SUBKEYS.items():
+        if isinstance(data.get(key), dict):
+            data[key] = {k: v for k, v in data[key].items() if k not in subkeys}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def now_iso() -> str:
