@@ -207,3 +207,24 @@ def test_merge_calls_concatenates_scaled_and_refuses_mismatched_shapes():
     torch.testing.assert_close(merged[0].grads[1][2:], torch.ones(3, 4, 2))  # 2 * 0.5
     assert _merge_calls([[call(2, 4)], [call(3, 5)]], [1.0, 1.0]) is None  # sequence lengths differ
     assert _merge_calls([[call(2, 4)], [call(3, 4), call(3, 4)]], [1.0, 1.0]) is None  # call counts differ
+
+
+def test_grad_hooks_do_not_keep_layer_outputs_alive():
+    """Capture(grad_hooks=True) must not form output -> hook -> Call -> output cycles: the C++
+    side holds tensor hooks, so Python's collector cannot free such a cycle (a per-batch leak)."""
+    import gc
+    import weakref
+
+    from laplace_lab.laplace.capture import Capture
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    cap = Capture([model[0], model[2]], grad_hooks=True)
+    with cap:
+        out = model(torch.randn(5, 3))
+    out.square().sum().backward()
+    call = cap.records[0].calls[0]
+    assert call.grads is not None and call.grads[0].shape == (5, 4)
+    refs = [weakref.ref(c.output) for r in cap.records for c in r.calls]
+    del cap, call, out
+    gc.collect()
+    assert all(r() is None for r in refs)

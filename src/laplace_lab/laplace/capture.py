@@ -26,6 +26,7 @@ conv/pool backward add copies); ``batched_backward`` switches (default: loop on 
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -49,7 +50,7 @@ class Call:
     for ``y = 2 a + qy``, ``x = 2 b + qx``); ``grad`` reorders it on first access."""
 
     __slots__ = ("args", "kwargs", "_output", "_output_fn", "_out_shape", "version", "_grad", "_grads",
-                 "pooled", "s2d")
+                 "pooled", "s2d", "__weakref__")
 
     def __init__(self, args: tuple, kwargs: dict, output: torch.Tensor | None, grad: torch.Tensor | None = None,
                  version: int = -1, output_fn=None, out_shape: torch.Size | None = None):
@@ -146,8 +147,15 @@ class Capture:
             call = Call(args, kwargs, output)
             record.calls.append(call)
             if self.grad_hooks and output.requires_grad:
-                def tensor_hook(g, call=call):
-                    call.grads = [g.detach()]
+                # a weak reference: the hook lives on the output (held from C++, which Python's
+                # collector cannot see), so a strong one would form an uncollectable cycle
+                # output -> hook -> Call -> output, leaking every batch's outputs and graph
+                ref = weakref.ref(call)
+
+                def tensor_hook(g):
+                    c = ref()
+                    if c is not None:
+                        c.grads = [g.detach()]
 
                 output.register_hook(tensor_hook)
                 return None

@@ -22,10 +22,12 @@ batching, four things are LeNet-shaped but general:
 - A non-overlapping max-pool (kernel == stride, no padding) takes the elementwise maximum of its
   ``kh kw`` strided sub-grids and the first maximal one in row-major order (``max_pool2d``'s tie
   rule): ~1.5-2x faster than ``F.max_pool2d(return_indices=True)`` on CPU.
-- The first Conv2d of the subset followed by such a pool keeps its gradient compressed
-  (``Call.pooled``: the pool's values and indices, a quarter of the dense ``[K, N, C, H, W]``),
-  which the kernels in ``modules`` use directly (diag: gathered per-channel patches, 4x fewer
-  multiply-adds; KFAC ``G``: no ``[N, K, C, H, W]`` scatter).
+- A Conv2d of the subset followed by such a pool keeps its gradient compressed (``Call.pooled``:
+  the pool's values and indices, a quarter of the dense ``[K, N, C, H, W]``), which the kernels in
+  ``modules`` use directly (diag: gathered per-channel patches, 4x fewer multiply-adds; KFAC
+  ``G``: no ``[N, K, C, H, W]`` scatter); for KFAC a later conv's gradient instead stays in 2x2-block
+  order (``Call.s2d``), which sums over positions do not mind. ``call.grad`` scatters either form
+  into the dense tensor on access.
 - A stride-1 Conv2d with fewer than 16 input channels back-propagates through a 2x2
   space-to-depth transposed conv (``_conv_backward_s2d``): oneDNN pads output channels to 16, and
   ``4 C_in`` block channels waste less of it.
@@ -288,8 +290,8 @@ class Chain:
                     if j in self._calls:
                         if self.block_order_ok:  # consumers only sum over positions (KFAC G)
                             self._calls[j].s2d = g_s2d.view(N, K, C, -1)
-                        else:  # per-sample products need the positions in patch order
-                            g = self._pool_backward(self.leaves[i], x_shape, idx, v, K, N)
+                        else:  # per-sample products: compressed (Call.pooled; dense on access)
+                            self._calls[j].pooled = (v, idx)
                     continue
                 perm = None
                 g = self._pool_backward(self.leaves[i], x_shape, idx, v, K, N)

@@ -239,11 +239,8 @@ class FusedCurvature:
                         if c.grads is None:
                             c.grads = [torch.zeros_like(c.output).detach()]
             scale = 1.0 / rec.nll_scale if self.la.curvature == "ef" else 1.0
-            # Break the cycle output -> gradient hook (held in C++, invisible to Python's garbage
-            # collector) -> Call -> output that EF's hooks form: without this every batch leaked
-            # its layer outputs and gradients (~5 MB per LeNet-5 batch of 128, 1.3 GB over the
-            # benchmark's 3 epochs), which made fused EF slower than fused MC-Fisher. Inputs and
-            # gradients stay until the batch is accumulated.
+            # The kernels need the inputs and gradients only: release the layer outputs (and the
+            # graph behind them) now rather than when the chunk is accumulated.
             for r in cap.records:
                 for c in r.calls:
                     c.output = None

@@ -47,10 +47,11 @@ def is_kfac_module(m: nn.Module) -> bool:
     )
 
 
-def conv_patches(m: nn.Conv2d, a: torch.Tensor, s2d: bool = False) -> torch.Tensor:
-    """``F.unfold(a, ...)`` of a Conv2d's input, ``[N, C_in kh kw, S]``, built as one copy of a
-    strided view (``F.unfold`` was measured 5-10x slower on CPU for LeNet's convolutions).
-    ``s2d``: output positions in 2x2-block order ``(qy, qx, a, b)`` (``Call.s2d``; even ``Ho, Wo``)."""
+def _conv_view(m: nn.Conv2d, a: torch.Tensor, order: str) -> torch.Tensor:
+    """Strided (no-copy) view of a Conv2d's zero-padded input ``a`` [N, C_in, H, W] with one entry
+    per (sample, output position, patch element): ``order`` ``"patches"`` -> ``[N, C, kh, kw, Ho,
+    Wo]``, ``"s2d"`` -> ``[N, C, kh, kw, 2, 2, Ho/2, Wo/2]`` (positions in 2x2-block order
+    ``(qy, qx, a, b)``), ``"rows"`` -> ``[N, Ho, Wo, C, kh, kw]``."""
     kh, kw = m.kernel_size
     sh, sw = m.stride
     dh, dw = m.dilation
@@ -61,13 +62,28 @@ def conv_patches(m: nn.Conv2d, a: torch.Tensor, s2d: bool = False) -> torch.Tens
     N, C, H, W = a.shape
     Ho = (H - dh * (kh - 1) - 1) // sh + 1
     Wo = (W - dw * (kw - 1) - 1) // sw + 1
-    s = a.stride()
-    if s2d:
-        x = a.as_strided((N, C, kh, kw, 2, 2, Ho // 2, Wo // 2),
-                         (s[0], s[1], s[2] * dh, s[3] * dw, s[2] * sh, s[3] * sw, 2 * s[2] * sh, 2 * s[3] * sw))
-        return x.reshape(N, C * kh * kw, Ho * Wo)
-    x = a.as_strided((N, C, kh, kw, Ho, Wo), (s[0], s[1], s[2] * dh, s[3] * dw, s[2] * sh, s[3] * sw))
-    return x.reshape(N, C * kh * kw, Ho * Wo)
+    sn, sc, sy, sx = a.stride()
+    kern = ((kh, kw), (sy * dh, sx * dw))
+    if order == "patches":
+        return a.as_strided((N, C, *kern[0], Ho, Wo), (sn, sc, *kern[1], sy * sh, sx * sw))
+    if order == "s2d":
+        return a.as_strided((N, C, *kern[0], 2, 2, Ho // 2, Wo // 2),
+                            (sn, sc, *kern[1], sy * sh, sx * sw, 2 * sy * sh, 2 * sx * sw))
+    return a.as_strided((N, Ho, Wo, C, *kern[0]), (sn, sy * sh, sx * sw, sc, *kern[1]))
+
+
+def conv_patches(m: nn.Conv2d, a: torch.Tensor, s2d: bool = False) -> torch.Tensor:
+    """``F.unfold(a, ...)`` of a Conv2d's input, ``[N, C_in kh kw, S]``, built as one copy of a
+    strided view (``F.unfold`` was measured 5-10x slower on CPU for LeNet's convolutions).
+    ``s2d``: output positions in 2x2-block order ``(qy, qx, a, b)`` (``Call.s2d``; even ``Ho, Wo``)."""
+    x = _conv_view(m, a, "s2d" if s2d else "patches")
+    return x.reshape(x.shape[0], x.shape[1:4].numel(), -1)
+
+
+def conv_rows(m: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
+    """Conv2d patches as rows ``[N S, C_in kh kw]`` (one copy of a strided view)."""
+    x = _conv_view(m, a, "rows")
+    return x.reshape(x.shape[:3].numel(), -1)
 
 
 def rows_in(m: nn.Module, a: torch.Tensor) -> torch.Tensor:
@@ -199,23 +215,6 @@ def _conv_psg_sq(m: nn.Conv2d, names: list[str], a: torch.Tensor, grads, s2d: bo
         else:
             out["bias"] = sum(gk.flatten(2).sum(2).square().sum(0) for gk in grads)
     return out
-
-
-def conv_rows(m: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
-    """Conv2d patches as rows ``[N S, C_in kh kw]`` (one copy of a strided view)."""
-    kh, kw = m.kernel_size
-    sh, sw = m.stride
-    dh, dw = m.dilation
-    ph, pw = m.padding
-    if ph or pw:
-        a = F.pad(a, (pw, pw, ph, ph))
-    a = a.contiguous()
-    N, C, H, W = a.shape
-    Ho = (H - dh * (kh - 1) - 1) // sh + 1
-    Wo = (W - dw * (kw - 1) - 1) // sw + 1
-    s = a.stride()
-    x = a.as_strided((N, Ho, Wo, C, kh, kw), (s[0], s[2] * sh, s[3] * sw, s[1], s[2] * dh, s[3] * dw))
-    return x.reshape(N * Ho * Wo, C * kh * kw)
 
 
 def _conv_psg_sq_pooled(m: nn.Conv2d, names: list[str], a: torch.Tensor, v: torch.Tensor,
