@@ -348,18 +348,43 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     return [md, csv_path]
 
 
+def preset_spec(preset: str) -> dict[str, Any]:
+    """The ``aggregate`` block of ``conf/experiment/<preset>.yaml`` (what its multirun uses)."""
+    from omegaconf import OmegaConf
+
+    from laplace_lab.train import CONF_DIR
+
+    path = CONF_DIR / "experiment" / f"{preset}.yaml"
+    if not path.is_file():
+        allowed = sorted(f.stem for f in (CONF_DIR / "experiment").glob("*.yaml"))
+        raise ValueError(f"--preset {preset!r} is not a preset; allowed: {allowed}")
+    spec = OmegaConf.select(OmegaConf.load(path), "aggregate")
+    if spec is None:
+        raise ValueError(f"--preset {preset!r} has no `aggregate` block in {path}")
+    return OmegaConf.to_container(spec, resolve=False)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m laplace_lab.tables", description=__doc__.split("\n\n")[0])
     p.add_argument("sweep_dirs", nargs="+", type=Path, help="multirun folder(s), e.g. outputs/<exp>/multirun")
-    p.add_argument("--name", required=True, help="table name: writes <results-dir>/<name>.md and .csv")
+    p.add_argument("--preset", default=None,
+                   help="take name, metrics, group-by, seed keys, figures and model selection from the "
+                        "`aggregate` block of conf/experiment/<preset>.yaml (explicit options win)")
+    p.add_argument("--name", default=None, help="table name: writes <results-dir>/<name>.md and .csv")
     p.add_argument("--metrics", nargs="+", default=None, help="metric keys (default: all but time/*)")
     p.add_argument("--group-by", nargs="+", default=None, help="method keys (default: the overrides less seeds)")
-    p.add_argument("--seed-keys", nargs="+", default=list(DEFAULT_SEED_KEYS), help="replicate keys")
+    p.add_argument("--seed-keys", nargs="+", default=None, help=f"replicate keys (default: {list(DEFAULT_SEED_KEYS)})")
     p.add_argument("--results-dir", default="results", type=Path)
     p.add_argument("--figures", nargs="+", default=None, help="figure names (figures/<name>.png) to copy")
     args = p.parse_args(argv)
-    for path in aggregate(args.sweep_dirs, args.name, args.metrics, args.group_by, args.seed_keys, args.results_dir,
-                          args.figures):
+    spec = preset_spec(args.preset) if args.preset else {}
+    name = args.name or spec.get("name")
+    if name is None:
+        p.error("--name is required unless --preset gives one")
+    for path in aggregate(args.sweep_dirs, name, args.metrics or spec.get("metrics"),
+                          args.group_by or spec.get("group_by"),
+                          args.seed_keys or spec.get("seed_keys") or list(DEFAULT_SEED_KEYS), args.results_dir,
+                          args.figures or spec.get("figures"), spec.get("model_selection")):
         print(path)
 
 

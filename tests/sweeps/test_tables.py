@@ -168,3 +168,15 @@ def test_model_selection_section_in_markdown(sweep, tmp_path):
     assert "tau 1.0000, best agrees: True" in section
     with pytest.raises(ValueError, match="model_selection has unknown keys"):
         validate_aggregate({"name": "t", "model_selection": {**spec, "typo": 1}})
+
+
+def test_cli_preset_takes_the_aggregate_block(sweep, tmp_path, capsys):
+    out = tmp_path / "res"
+    tables.main([str(sweep), "--preset", "redux_mnist", "--name", "from_preset", "--metrics", "test/map/acc",
+                 "--results-dir", str(out)])
+    assert str(out / "from_preset.md") in capsys.readouterr().out
+    rows = read_csv(out / "from_preset.csv")
+    assert rows and set(rows[0]) >= {"method_name", "n"}  # the preset's group_by
+    assert tables.preset_spec("immer2021_images")["model_selection"]["score"]
+    with pytest.raises(ValueError, match="allowed: .*redux_mnist"):
+        tables.preset_spec("no_such_preset")
