@@ -364,7 +364,10 @@ def _conv_pool_s2d(m: nn.Conv2d, x: torch.Tensor):
     kh, kw = m.kernel_size
     Ho, Wo = H - kh + 1, W - kw + 1
     xs = x.reshape(N, C, H // 2, 2, W // 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(N, 4 * C, H // 2, W // 2)
-    w, b = _s2d_forward_weight(m.weight, m.bias)
+    # the same blocked weight as the transposed conv's, read as Wf[(o, ry, rx), (c, qy, qx), ty, tx]
+    # = w[o, c, 2 ty + qy - ry, 2 tx + qx - rx]; the bias repeated over (ry, rx)
+    w = _s2d_weight(m.weight)
+    b = None if m.bias is None else m.bias.detach().repeat_interleave(4)
     zs = F.conv2d(xs, w, b)[:, :, :Ho // 2, :Wo // 2].reshape(N, m.out_channels, 4, Ho // 2, Wo // 2)
     parts = zs.unbind(2)
     pooled = torch.maximum(torch.maximum(parts[0], parts[1]), torch.maximum(parts[2], parts[3]))
@@ -377,36 +380,6 @@ def _conv_pool_s2d(m: nn.Conv2d, x: torch.Tensor):
             .permute(0, 1, 2, 3, 5, 4).reshape(N, m.out_channels, Ho, Wo)
 
     return z, pooled, idx
-
-
-_S2D_FORWARD: dict = {}
-
-
-def _s2d_forward_weight(w: torch.Tensor, b: torch.Tensor | None):
-    """Conv weight / bias in space-to-depth form: ``[C_out 4, C_in 4, T_h, T_w]`` with
-    ``T = k // 2 + 1`` and ``Wf[(o, ry, rx), (c, qy, qx), ty, tx] = w[o, c, 2 ty + qy - ry,
-    2 tx + qx - rx]`` (zero outside the kernel); the bias repeated over ``(ry, rx)``. Cached while
-    ``w`` and ``b`` are unchanged (version counters)."""
-    key = (w.data_ptr(), w._version, None if b is None else (b.data_ptr(), b._version), w.dtype, w.device)
-    hit = _S2D_FORWARD.get(id(w))
-    if hit is None or hit[0] != key:
-        if len(_S2D_FORWARD) > 64:
-            _S2D_FORWARD.clear()
-        w_ = w.detach()
-        Co, Ci, kh, kw = w_.shape
-        Th, Tw = kh // 2 + 1, kw // 2 + 1
-        wp = F.pad(w_, (1, 1, 1, 1))  # tap -1 and tap k (index shift +1) read zeros
-        q = torch.arange(2, device=w_.device)
-        # [r, q, t] -> 2 t + q - r + 1
-        iy = (2 * torch.arange(Th, device=w_.device)[None, None, :] + q[None, :, None] - q[:, None, None] + 1)
-        ix = (2 * torch.arange(Tw, device=w_.device)[None, None, :] + q[None, :, None] - q[:, None, None] + 1)
-        wg = wp[:, :, iy.clamp(0, kh + 1)[:, :, :, None, None, None], ix.clamp(0, kw + 1)[None, None, None]]
-        # wg [o, c, ry, qy, ty, rx, qx, tx]
-        wf = wg.permute(0, 2, 5, 1, 3, 6, 4, 7).reshape(Co * 4, Ci * 4, Th, Tw)
-        bf = None if b is None else b.detach().repeat_interleave(4)
-        hit = (key, (wf, bf))
-        _S2D_FORWARD[id(w)] = hit
-    return hit[1]
 
 
 def _s2d_ok(m: nn.Conv2d, x_shape) -> bool:
@@ -434,9 +407,11 @@ def _s2d_weight(w: torch.Tensor) -> torch.Tensor:
 
 
 def _s2d_weight_uncached(w: torch.Tensor) -> torch.Tensor:
-    """Transposed-conv weight in space-to-depth form (2x2 blocks): ``[C_out 4, C_in 4, T_h, T_w]``,
+    """Conv weight in space-to-depth form (2x2 blocks): ``[C_out 4, C_in 4, T_h, T_w]``,
     ``T = k // 2 + 1``, with ``Ws[(o, qy, qx), (i, ry, rx), ty, tx] = w[o, i, 2 ty + ry - qy,
-    2 tx + rx - qx]`` (zero outside the kernel)."""
+    2 tx + rx - qx]`` (zero outside the kernel). The transposed conv of ``_conv_backward_s2d`` uses
+    it as written; the forward conv of ``_conv_pool_s2d`` reads the same tensor with the roles of
+    ``q`` and ``r`` swapped."""
     Co, Ci, kh, kw = w.shape
     Th, Tw = kh // 2 + 1, kw // 2 + 1
     wp = F.pad(w, (1, 1, 1, 1))  # tap -1 and tap k (index shift +1) read zeros
