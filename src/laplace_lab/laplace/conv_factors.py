@@ -29,7 +29,9 @@ from torch import nn
 MAX_D_ELEMENTS = 2**22  # [H, C W, kh C W] product of one batch (16 MiB in float32)
 
 
-def _geometry(m: nn.Conv2d, a: torch.Tensor):
+def conv_geometry(m: nn.Conv2d, a: torch.Tensor):
+    """``(kh, kw, sh, sw, dh, dw, ph, pw, H, W, Ho, Wo)`` of Conv2d ``m`` on input ``a``
+    ``[N, C, H_in, W_in]``; ``H, W`` are the zero-padded input's sizes."""
     kh, kw = m.kernel_size
     (sh, sw), (dh, dw), (ph, pw) = m.stride, m.dilation, m.padding
     H, W = a.shape[2] + 2 * ph, a.shape[3] + 2 * pw
@@ -40,7 +42,7 @@ def _geometry(m: nn.Conv2d, a: torch.Tensor):
 
 def rows_cheaper(m: nn.Conv2d, a: torch.Tensor) -> bool:
     """Whether ``conv_A_rows`` is the faster exact kernel for this layer and input."""
-    kh, kw, *_, H, W, Ho, Wo = _geometry(m, a)
+    kh, kw, *_, H, W, Ho, Wo = conv_geometry(m, a)
     C = a.shape[1]
     if Ho < 1 or Wo < 1:
         return False
@@ -49,7 +51,7 @@ def rows_cheaper(m: nn.Conv2d, a: torch.Tensor) -> bool:
 
 def conv_A_rows(m: nn.Conv2d, a: torch.Tensor) -> tuple[torch.Tensor, int]:
     """``(sum_{n,s} x_{ns} x_{ns}^T [C kh kw, C kh kw], N S)``, as ``modules.conv_A``."""
-    kh, kw, sh, sw, dh, dw, ph, pw, H, W, Ho, Wo = _geometry(m, a)
+    kh, kw, sh, sw, dh, dw, ph, pw, H, W, Ho, Wo = conv_geometry(m, a)
     if ph or pw:
         a = F.pad(a, (pw, pw, ph, ph))
     N, C = a.shape[:2]

@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from laplace_lab.laplace.capture import Call, Capture
-from laplace_lab.laplace.modules import is_kfac_module, per_sample_grads
+from laplace_lab.laplace.modules import conv_rows, is_kfac_module, per_sample_grads
 
 DEFAULT_BUDGET = 2**24  # elements per per-layer Jacobian block (64 MiB in float32)
 
@@ -116,21 +116,6 @@ def _identity_grads(calls, V) -> bool:
     return len(calls) == 1 and calls[0].grad is V
 
 
-def conv_rows(m: nn.Conv2d, a: torch.Tensor) -> torch.Tensor:
-    """Conv2d input ``[N, C_in, H, W]`` -> patches ``[N, S, C_in kh kw]`` (weight-flattening order),
-    equal to ``F.unfold(...).transpose(1, 2)`` but built from strided views (``F.unfold`` is one to
-    two orders of magnitude slower on CPU for LeNet-sized inputs)."""
-    (kh, kw), (sh, sw), (dh, dw) = m.kernel_size, m.stride, m.dilation
-    ph, pw = m.padding
-    if ph or pw:
-        a = torch.nn.functional.pad(a, (pw, pw, ph, ph))
-    p = a.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)  # [N, C, oh, ow, eh, ew]
-    if dh > 1 or dw > 1:
-        p = p[..., ::dh, ::dw]
-    N, C, oh, ow = p.shape[:4]
-    return p.permute(0, 2, 3, 1, 4, 5).reshape(N, oh * ow, C * kh * kw)
-
-
 def _kfac_rows(m: nn.Module, calls: list[Call], QG, QA):
     """Rotated rows of all calls of one Linear/Conv2d: ``a Q_A`` ``[N, S, D_in]`` and
     ``Q_G^T g`` ``[K, N, D_out, S]`` (``Q = None``: identity); calls are concatenated along ``S``."""
@@ -139,7 +124,7 @@ def _kfac_rows(m: nn.Module, calls: list[Call], QG, QA):
         a, g = c.args[0], c.grad
         K, N = g.shape[:2]
         if isinstance(m, nn.Conv2d):
-            a = conv_rows(m, a)
+            a = conv_rows(m, a).view(N, -1, m.weight[0].numel())  # [N, S, C_in kh kw]
             g = g.reshape(K, N, g.shape[2], -1)  # native layout [K, N, D_out, S]
             if QG is not None:
                 g = torch.einsum("oi,knos->knis", QG, g)

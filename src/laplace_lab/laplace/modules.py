@@ -33,6 +33,7 @@ from torch import nn
 from torch.func import functional_call, vjp, vmap
 
 from laplace_lab.laplace.capture import Call
+from laplace_lab.laplace.conv_factors import conv_A_rows, conv_geometry, rows_cheaper
 
 
 def is_kfac_module(m: nn.Module) -> bool:
@@ -52,16 +53,11 @@ def _conv_view(m: nn.Conv2d, a: torch.Tensor, order: str) -> torch.Tensor:
     per (sample, output position, patch element): ``order`` ``"patches"`` -> ``[N, C, kh, kw, Ho,
     Wo]``, ``"s2d"`` -> ``[N, C, kh, kw, 2, 2, Ho/2, Wo/2]`` (positions in 2x2-block order
     ``(qy, qx, a, b)``), ``"rows"`` -> ``[N, Ho, Wo, C, kh, kw]``."""
-    kh, kw = m.kernel_size
-    sh, sw = m.stride
-    dh, dw = m.dilation
-    ph, pw = m.padding
+    kh, kw, sh, sw, dh, dw, ph, pw, _, _, Ho, Wo = conv_geometry(m, a)
     if ph or pw:
         a = F.pad(a, (pw, pw, ph, ph))
     a = a.contiguous()
-    N, C, H, W = a.shape
-    Ho = (H - dh * (kh - 1) - 1) // sh + 1
-    Wo = (W - dw * (kw - 1) - 1) // sw + 1
+    N, C = a.shape[:2]
     sn, sc, sy, sx = a.stride()
     kern = ((kh, kw), (sy * dh, sx * dw))
     if order == "patches":
@@ -312,21 +308,13 @@ def conv_A(m: nn.Conv2d, a: torch.Tensor) -> tuple[torch.Tensor, int]:
     Small images (``W^2 <= 1.5 kw^2 Wo``, e.g. LeNet) go to ``conv_factors.conv_A_rows`` (row-pair
     GEMMs, ~1.5-2x faster there); see ``conv_factors.rows_cheaper``.
     """
-    from laplace_lab.laplace.conv_factors import conv_A_rows, rows_cheaper
-
     if rows_cheaper(m, a):
         return conv_A_rows(m, a)
-    kh, kw = m.kernel_size
-    sh, sw = m.stride
-    dh, dw = m.dilation
-    ph, pw = m.padding
+    kh, kw, sh, sw, dh, dw, ph, pw, H, _, Ho, Wo = conv_geometry(m, a)
     if ph or pw:
         a = F.pad(a, (pw, pw, ph, ph))
-    N, C, H, W = a.shape
-    Ho = (H - dh * (kh - 1) - 1) // sh + 1
-    span = dw * (kw - 1) + 1
-    R = a.unfold(3, span, sw)[..., ::dw]  # [N, C, H, Wo, kw]
-    Wo = R.shape[3]
+    N, C = a.shape[:2]
+    R = a.unfold(3, dw * (kw - 1) + 1, sw)[..., ::dw]  # [N, C, H, Wo, kw]
     R = R.permute(2, 1, 4, 0, 3).reshape(H, C * kw, N * Wo)  # [H, (c, j), (n, x)]
     blocks = [[None] * kh for _ in range(kh)]
     last = sh * (Ho - 1) + 1
