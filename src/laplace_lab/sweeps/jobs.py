@@ -71,12 +71,13 @@ def run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
     launch_id = current_launch_id(hc.sweep.dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     fingerprint = config_fingerprint(cfg)
-    stale = is_finished(output_dir) and (read_status(output_dir) or {}).get("config_hash", fingerprint) != fingerprint
-    if stale:
+    finished = is_finished(output_dir)
+    old_hash = (read_status(output_dir) or {}).get("config_hash", fingerprint)  # none: a marker from before hashes
+    if finished and old_hash != fingerprint:
         log.warning("Job #%s %s finished before with a different config (hash %s, now %s): running it again",
-                    hc.job.num, hc.job.override_dirname, read_status(output_dir)["config_hash"], fingerprint)
+                    hc.job.num, hc.job.override_dirname, old_hash, fingerprint)
         (output_dir / "metrics.json").unlink()
-    elif is_finished(output_dir):
+    elif finished:
         log.info("Skipping job #%s %s: already finished in %s", hc.job.num, hc.job.override_dirname, output_dir)
         write_status(output_dir, launch_id=launch_id, last_action="skipped", skipped_at=now_iso())
         return objective(json.loads((output_dir / "metrics.json").read_text()), key)
