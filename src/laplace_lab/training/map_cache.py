@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from laplace_lab.sweeps.status import RUN_ONLY_SUBKEYS
 from laplace_lab.training.module import MAPModule
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,7 @@ def cache_key(cfg: DictConfig) -> str:
     relevant = {k: OmegaConf.to_container(cfg, resolve=True).get(k) for k in TRAINING_KEYS}
     relevant["prior"] = {k: v for k, v in (relevant["prior"] or {}).items() if k != "structure"}
     relevant["trainer"] = {k: v for k, v in (relevant["trainer"] or {}).items()
-                           if k not in ("enable_progress_bar", "enable_model_summary", "log_every_n_steps")}
+                           if k not in RUN_ONLY_SUBKEYS["trainer"]}
     return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
