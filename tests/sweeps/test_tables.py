@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 import statistics
 import subprocess
 from pathlib import Path
@@ -487,3 +488,19 @@ def test_committed_reference_files_are_valid():
     for path in sorted((provenance.REPO_ROOT / "experiments").glob("*/reference.yaml")):
         loaded = load_reference(path)
         assert (CONF_DIR / "experiment" / f"{loaded['preset']}.yaml").is_file(), f"{path}: no such preset"
+
+
+def test_cli_refuses_with_a_message_and_commits_results_only_when_asked(sweep, tmp_path, repo, monkeypatch, capsys):
+    set_git(finished_jobs(sweep)[0], "abc1234", dirty=True)
+    with pytest.raises(SystemExit, match="error: refusing to write table 't': 1 job.* ran from a dirty"):
+        tables.main([str(sweep), "--name", "t", "--commit-results"])
+    assert not (repo / "results").exists()
+    tables.main([str(sweep), "--name", "t", "--commit-results", "--allow-mixed"])
+    assert capsys.readouterr().out.split() == [str(repo / "results" / f"t{s}") for s in (".md", ".csv", ".jobs.csv")]
+    # --preset alone: the preset's default sweep folder, tables written into it
+    shutil.copytree(sweep, tmp_path / "outputs" / "redux_mnist" / "multirun")
+    monkeypatch.chdir(tmp_path)
+    tables.main(["--preset", "redux_mnist", "--metrics", "test/map/acc", "--allow-mixed"])
+    assert (tmp_path / "outputs" / "redux_mnist" / "multirun" / "redux_mnist.jobs.csv").is_file()
+    with pytest.raises(SystemExit, match="multirun folder outputs/sinusoid/multirun does not exist"):
+        tables.main(["--preset", "sinusoid"])
