@@ -18,12 +18,13 @@ add a "Reference numbers" section (``laplace_lab.reference``).
 Every job folder under the given multirun folders with a ``metrics.json`` (and, when it has a
 ``status.json`` marker, state ``finished``) is one run. Runs are grouped by the method keys: by
 default every key of the jobs' ``.hydra/overrides.yaml`` except the seed keys (``seed``,
-``data.split``) and the keys Hydra keeps out of folder names (``exclude_keys``). A group-by key is
+``data.split``), the keys Hydra keeps out of folder names (``exclude_keys``) and run-only keys
+(``sweeps.status.RUN_ONLY_*``); numbers written differently (``1``, ``1.0``) are one value. A group-by key is
 looked up in the job's overrides, then its config-group choices (``model``, ``curvature``, ...),
 then its resolved config (``curvature.hessian_structure``). Each cell is mean +- standard error
-(sample std / sqrt(n)) over the group's runs, with n. Both files carry the provenance: git
-commit(s) and dirty flag at launch, the command, the seeds, the hardware, the wall time. The CSV
-carries it as leading ``# `` lines (``pandas.read_csv(path, comment="#")``).
+(sample std / sqrt(n)) over the group's finite values, with n. All three files carry the provenance
+(git commit and dirty flag at job start, the command, the seeds, the hardware, the wall time; paths
+relative to the repository); the CSVs as leading ``# `` lines (``pandas.read_csv(path, comment="#")``).
 
 ``--figures`` copies ``figures/<fig>.png`` of each group's first seed next to the table.
 Also called by the ``SweepSummary`` callback at the end of a multirun when the config has a root
