@@ -91,11 +91,11 @@ def test_claims_and_not_run():
 def test_row_must_pick_one_row_by_group_by_keys():
     rows = [{"data.name": "mnist", "method_name": "la", "m": (1.0, 0.0, 2)},
             {"data.name": "fmnist", "method_name": "la", "m": (2.0, 0.0, 2)}]
-    with pytest.raises(ref.ReferenceError, match="matches 2 rows"):
+    with pytest.raises(ref.ReferenceFileError, match="matches 2 rows"):
         ref.verdicts([value("x", "la", "m", 1.0, 0.1)], rows, ["data.name", "method_name"])
     bad = value("y", "la", "m", 1.0, 0.1)
     bad["row"] = {"model": "lenet"}
-    with pytest.raises(ref.ReferenceError, match=r"entry 'y'.*\['model'\] are not group-by keys"):
+    with pytest.raises(ref.ReferenceFileError, match=r"entry 'y'.*\['model'\] are not group-by keys"):
         ref.verdicts([bad], rows, ["data.name", "method_name"])
     two = value("z", "la", "m", 2.0, 0.0)
     two["row"] = {"method_name": "la", "data.name": "fmnist"}
@@ -117,7 +117,7 @@ def test_value_entry_validation_names_file_entry_and_field(tmp_path, edit, messa
     entry = value("v", "la", "test/ece", 0.1, 0.01)
     edit(entry)
     path = write(tmp_path, [entry])
-    with pytest.raises(ref.ReferenceError, match=message) as info:
+    with pytest.raises(ref.ReferenceFileError, match=message) as info:
         ref.load_reference(path)
     assert str(path) in str(info.value)
 
@@ -125,20 +125,20 @@ def test_value_entry_validation_names_file_entry_and_field(tmp_path, edit, messa
 def test_claim_and_file_validation(tmp_path):
     c = claim("c", "la", "<", "map")
     c["op"] = "<<"
-    with pytest.raises(ref.ReferenceError, match=r"entry 'c': field `op`='<<' is not supported; allowed"):
+    with pytest.raises(ref.ReferenceFileError, match=r"entry 'c': field `op`='<<' is not supported; allowed"):
         ref.load_reference(write(tmp_path, [c]))
     c = claim("c", "la", "<", "map")
     c["lhs"] = {"row": {"method_name": "la"}}
-    with pytest.raises(ref.ReferenceError, match=r"entry 'c': field `lhs` must be a mapping with exactly"):
+    with pytest.raises(ref.ReferenceFileError, match=r"entry 'c': field `lhs` must be a mapping with exactly"):
         ref.load_reference(write(tmp_path, [c]))
-    with pytest.raises(ref.ReferenceError, match="field `id` is used twice"):
+    with pytest.raises(ref.ReferenceFileError, match="field `id` is used twice"):
         ref.load_reference(write(tmp_path, [value("a", "la", "m", 1, 0), value("a", "map", "m", 1, 0)]))
     path = write(tmp_path, [value("a", "la", "m", 1, 0)])
     path.write_text("preset: toy\nreferences: []\n")
-    with pytest.raises(ref.ReferenceError, match="`references` must be a non-empty list"):
+    with pytest.raises(ref.ReferenceFileError, match="`references` must be a non-empty list"):
         ref.load_reference(path)
     path.write_text("preset: toy\nrefs: []\n")
-    with pytest.raises(ref.ReferenceError, match=r"unknown top-level key\(s\) \['refs'\]"):
+    with pytest.raises(ref.ReferenceFileError, match=r"unknown top-level key\(s\) \['refs'\]"):
         ref.load_reference(path)
 
 

@@ -47,7 +47,7 @@ SIDE_KEYS = ("row", "metric")
 Row = dict[str, Any]
 
 
-class ReferenceError(ValueError):
+class ReferenceFileError(ValueError):
     """A malformed reference file; the message names the file, the entry id and the field."""
 
 
@@ -62,7 +62,7 @@ class Verdict:
 
 
 def _fail(path: Path, entry: str, message: str) -> None:
-    raise ReferenceError(f"{path}: {entry}: {message}")
+    raise ReferenceFileError(f"{path}: {entry}: {message}")
 
 
 def _check_row(path: Path, where: str, row: Any) -> None:
@@ -128,25 +128,25 @@ def _check_entry(path: Path, index: int, entry: Any, seen: set[str]) -> None:
 
 
 def load_reference(path: str | Path) -> dict[str, Any]:
-    """The validated file as ``{"preset", "references", "path"}``; a ``ReferenceError`` otherwise."""
+    """The validated file as ``{"preset", "references", "path"}``; a ``ReferenceFileError`` otherwise."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as err:
-        raise ReferenceError(f"{path}: cannot be read ({err})") from err
+        raise ReferenceFileError(f"{path}: cannot be read ({err})") from err
     except yaml.YAMLError as err:
-        raise ReferenceError(f"{path}: is not valid YAML ({err})") from err
+        raise ReferenceFileError(f"{path}: is not valid YAML ({err})") from err
     if not isinstance(data, dict):
-        raise ReferenceError(f"{path}: must be a mapping with keys {list(TOP_KEYS)}")
+        raise ReferenceFileError(f"{path}: must be a mapping with keys {list(TOP_KEYS)}")
     unknown = sorted(set(data) - set(TOP_KEYS))
     if unknown:
-        raise ReferenceError(f"{path}: unknown top-level key(s) {unknown}; allowed: {list(TOP_KEYS)}")
+        raise ReferenceFileError(f"{path}: unknown top-level key(s) {unknown}; allowed: {list(TOP_KEYS)}")
     if not isinstance(data.get("preset"), str) or not data["preset"]:
-        raise ReferenceError(f"{path}: field `preset` must name conf/experiment/<preset>.yaml, "
+        raise ReferenceFileError(f"{path}: field `preset` must name conf/experiment/<preset>.yaml, "
                              f"got {data.get('preset')!r}")
     refs = data.get("references")
     if not isinstance(refs, list) or not refs:
-        raise ReferenceError(f"{path}: field `references` must be a non-empty list of entries")
+        raise ReferenceFileError(f"{path}: field `references` must be a non-empty list of entries")
     seen: set[str] = set()
     for i, entry in enumerate(refs):
         _check_entry(path, i, entry, seen)
@@ -175,14 +175,14 @@ def find_row(rows: list[Row], group_by: list[str], want: dict[str, Any], where: 
     """The one row whose group-by values include ``want``; None when no row matches.
 
     A key of ``want`` that is not a group-by key, or a ``want`` that matches several rows, is a
-    ``ReferenceError`` (the reference cannot be judged against this table)."""
+    ``ReferenceFileError`` (the reference cannot be judged against this table)."""
     extra = [k for k in want if k not in group_by]
     if extra:
-        raise ReferenceError(f"{where}: row key(s) {extra} are not group-by keys of the table; allowed: {group_by}")
+        raise ReferenceFileError(f"{where}: row key(s) {extra} are not group-by keys of the table; allowed: {group_by}")
     hits = [r for r in rows if all(_same(r[k], v) for k, v in want.items())]
     if len(hits) > 1:
         labels = "; ".join(_label({k: r[k] for k in group_by}) for r in hits)
-        raise ReferenceError(f"{where}: row {{{_label(want)}}} matches {len(hits)} rows ({labels}); "
+        raise ReferenceFileError(f"{where}: row {{{_label(want)}}} matches {len(hits)} rows ({labels}); "
                              "add group-by keys to pick one")
     return hits[0] if hits else None
 

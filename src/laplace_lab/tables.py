@@ -476,7 +476,7 @@ def _references(preset: str | None, reference: str | Path | None) -> list[dict[s
     if reference is not None:
         loaded = ref.load_reference(reference)
         if preset and loaded["preset"] != preset:
-            raise ref.ReferenceError(f"{reference}: field `preset` is {loaded['preset']!r}, but the table is "
+            raise ref.ReferenceFileError(f"{reference}: field `preset` is {loaded['preset']!r}, but the table is "
                                      f"for preset {preset!r}")
         return [loaded]
     return ref.find_references(preset, EXPERIMENTS_DIR) if preset else None
