@@ -1,23 +1,37 @@
-"""Aggregate the finished jobs of multiruns into ``results/<name>.md`` and ``results/<name>.csv``.
+"""Aggregate the finished jobs of multiruns into ``<name>.md``, ``<name>.csv`` and ``<name>.jobs.csv``.
 
     python -m laplace_lab.tables outputs/<experiment>/multirun --name <name> \
         [--metrics test/map/acc test/la/nll] [--group-by model curvature] [--seed-keys seed data.split] \
-        [--figures reliability] [--results-dir results]
+        [--figures reliability] [--results-dir DIR | --commit-results] [--preset P] [--reference FILE] \
+        [--allow-mixed] [--allow-mixed-launches]
+
+Tables go to the (first) multirun folder unless ``--results-dir``; only ``--commit-results``
+writes into the repository's ``results/``. The jobs must come from one clean commit (no
+modified, untracked, or ignored package files at job start) that contains
+``conf/experiment/<preset>.yaml``, and from one launch command (less run-only overrides), or the
+command refuses: ``--allow-mixed`` / ``--allow-mixed-launches`` write anyway, with the problems in
+the header and the commit of every row. Non-finite metric values are left out of the cells (and
+counted, per run), unreadable job files are listed, and two jobs with the same overrides (less
+run-only keys) are refused. With a preset, ``experiments/*/reference.yaml`` files of that preset
+add a "Reference numbers" section (``laplace_lab.reference``).
 
 Every job folder under the given multirun folders with a ``metrics.json`` (and, when it has a
 ``status.json`` marker, state ``finished``) is one run. Runs are grouped by the method keys: by
 default every key of the jobs' ``.hydra/overrides.yaml`` except the seed keys (``seed``,
-``data.split``) and the keys Hydra keeps out of folder names (``exclude_keys``). A group-by key is
+``data.split``), the keys Hydra keeps out of folder names (``exclude_keys``) and run-only keys
+(``sweeps.status.RUN_ONLY_*``); numbers written differently (``1``, ``1.0``) are one value. A group-by key is
 looked up in the job's overrides, then its config-group choices (``model``, ``curvature``, ...),
 then its resolved config (``curvature.hessian_structure``). Each cell is mean +- standard error
-(sample std / sqrt(n)) over the group's runs, with n. Both files carry the provenance: git
-commit(s) and dirty flag at launch, the command, the seeds, the hardware, the wall time. The CSV
-carries it as leading ``# `` lines (``pandas.read_csv(path, comment="#")``).
+(sample std / sqrt(n)) over the group's finite values, with n. All three files carry the provenance
+(git commit and dirty flag at job start, the command, the seeds, the hardware, the wall time; paths
+relative to the repository); the CSVs as leading ``# `` lines (``pandas.read_csv(path, comment="#")``).
 
 ``--figures`` copies ``figures/<fig>.png`` of each group's first seed next to the table.
 Also called by the ``SweepSummary`` callback at the end of a multirun when the config has a root
-``aggregate: {name, metrics, group_by, seed_keys, results_dir, figures}`` (or
-``hydra.callbacks.sweep_summary.aggregate``).
+``aggregate: {name, metrics, group_by, seed_keys, results_dir, figures, model_selection}`` (or
+``hydra.callbacks.sweep_summary.aggregate``), through ``aggregate_sweep``: the jobs of that launch,
+written into the sweep folder (a relative ``results_dir`` is taken under it), never into
+``results/``; provenance problems do not stop it but are stated in the header.
 """
 
 from __future__ import annotations
@@ -26,10 +40,11 @@ import argparse
 import csv
 import io
 import json
+import logging
 import math
 import shlex
 import shutil
-import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,19 +52,30 @@ from typing import Any
 
 import yaml
 
+from laplace_lab import reference as ref
 from laplace_lab.model_selection import rank_candidates, validate_spec
 from laplace_lab.model_selection import to_markdown as selection_markdown
-from laplace_lab.sweeps.status import (
-    ENTRY,
-    STATUS_FILE,
-    git_state,
-    hardware,
-    read_launches,
-    read_status,
+from laplace_lab.provenance import (
+    UNRECORDED,
+    commit_problems,
+    is_run_only,
+    launch_problems,
+    portable_command,
+    portable_path,
+    run_commit,
+    run_launches,
 )
+from laplace_lab.sweeps.status import ENTRY, REPO_ROOT, STATUS_FILE, hardware
 
+log = logging.getLogger(__name__)
 DEFAULT_SEED_KEYS = ("seed", "data.split")
 MISSING = "-"
+COMMITTED_RESULTS = REPO_ROOT / "results"  # only --commit-results writes here
+EXPERIMENTS_DIR = REPO_ROOT / "experiments"
+
+
+class ProvenanceError(ValueError):
+    """The jobs of a table are not from one clean commit / one launch command, or repeat a job."""
 
 
 @dataclass
@@ -78,8 +104,25 @@ class Run:
         return MISSING if isinstance(node, dict) else _text(node)
 
 
+@dataclass
+class Loaded:
+    """The finished runs of some multirun folders, and the job folders that could not be read."""
+
+    runs: list[Run]
+    unreadable: list[tuple[Path, str]]  # (job folder, why)
+    not_finished: int                   # folders with a running / failed marker (not runs)
+
+
 def _text(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (list, bool)) or value is None else str(value)
+
+
+def _norm(text: str) -> str:
+    """Numbers compare as numbers (``1`` and ``1.0`` are one value); other text as is."""
+    try:
+        return repr(float(text))
+    except ValueError:
+        return text
 
 
 def parse_overrides(items: list[str]) -> dict[str, str]:
@@ -100,56 +143,102 @@ def _load_yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text()) if path.is_file() else None
 
 
-def load_run(job_dir: Path) -> Run | None:
-    """The run in ``job_dir``, or None when it has no finished run."""
-    status = read_status(job_dir)
-    if status is not None and status.get("state") != "finished":
-        return None
+def _read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(object, None), or (None, why it cannot be used)."""
     try:
-        metrics = json.loads((job_dir / "metrics.json").read_text())
-    except (OSError, ValueError):
-        return None
-    hydra_cfg = (_load_yaml(job_dir / ".hydra" / "hydra.yaml") or {}).get("hydra", {})
+        data = json.loads(path.read_text())
+    except OSError as err:
+        return None, f"{path.name} cannot be read ({err})"
+    except ValueError as err:
+        return None, f"{path.name} is not valid JSON ({err})"
+    if not isinstance(data, dict):
+        return None, f"{path.name} is not a JSON object"
+    return data, None
+
+
+def load_run(job_dir: Path) -> tuple[Run | None, str | None]:
+    """(run, None) for a finished run; (None, None) when it is not finished; (None, why) when a
+    file of the job cannot be read."""
+    status = None
+    if (job_dir / STATUS_FILE).exists():
+        status, error = _read_json(job_dir / STATUS_FILE)
+        if error:
+            return None, error
+        if status.get("state") != "finished":
+            return None, None
+    if not (job_dir / "metrics.json").is_file():
+        return None, f"{STATUS_FILE} says finished but metrics.json is missing"
+    metrics, error = _read_json(job_dir / "metrics.json")
+    if error:
+        return None, error
+    try:
+        hydra_cfg = (_load_yaml(job_dir / ".hydra" / "hydra.yaml") or {}).get("hydra", {})
+        overrides = parse_overrides(_load_yaml(job_dir / ".hydra" / "overrides.yaml") or [])
+        config = _load_yaml(job_dir / "config_resolved.yaml") or {}
+    except (OSError, yaml.YAMLError, AttributeError, TypeError) as err:
+        return None, f"its Hydra config files cannot be read ({type(err).__name__}: {err})"
     exclude = (((hydra_cfg.get("job") or {}).get("config") or {}).get("override_dirname") or {}).get("exclude_keys")
     return Run(
         path=job_dir,
         metrics={k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
-        overrides=parse_overrides(_load_yaml(job_dir / ".hydra" / "overrides.yaml") or []),
+        overrides=overrides,
         choices=dict((hydra_cfg.get("runtime") or {}).get("choices") or {}),
-        config=_load_yaml(job_dir / "config_resolved.yaml") or {},
+        config=config,
         status=status or {},
         exclude_keys=tuple(exclude or ()),
-    )
+    ), None
 
 
-def load_runs(sweep_dirs: list[Path]) -> list[Run]:
-    runs = []
+def load_runs(sweep_dirs: list[Path], launch_id: str | None = None) -> Loaded:
+    """Every finished run under ``sweep_dirs`` (of launch ``launch_id`` when given)."""
+    loaded = Loaded([], [], 0)
     for sweep_dir in sweep_dirs:
         if not Path(sweep_dir).is_dir():
             raise FileNotFoundError(f"multirun folder {sweep_dir} does not exist")
-        for metrics_file in sorted(Path(sweep_dir).rglob("metrics.json")):
-            run = load_run(metrics_file.parent)
-            if run is not None:
-                runs.append(run)
-    return runs
+        jobs = {p.parent for name in ("metrics.json", STATUS_FILE) for p in Path(sweep_dir).rglob(name)}
+        for job_dir in sorted(jobs):
+            run, error = load_run(job_dir)
+            if error:
+                loaded.unreadable.append((job_dir, error))
+                log.warning("Left out job %s: %s", job_dir, error)
+            elif run is None:
+                loaded.not_finished += 1
+            elif launch_id is None or run.status.get("launch_id") == launch_id:
+                loaded.runs.append(run)
+    return loaded
 
 
 def mean_se(values: list[float]) -> tuple[float, float, int]:
-    """Mean, standard error (sample std / sqrt(n); NaN for n < 2) and n."""
+    """Mean, standard error (sample std / sqrt(n); NaN for n < 2) and n of finite ``values``."""
     n = len(values)
     if n == 0:
         return math.nan, math.nan, 0
     mean = math.fsum(values) / n
-    se = statistics.stdev(values) / math.sqrt(n) if n > 1 else math.nan
+    se = math.sqrt(math.fsum((x - mean) ** 2 for x in values) / (n - 1) / n) if n > 1 else math.nan
     return mean, se, n
 
 
+def nonfinite_values(runs: list[Run], metrics: list[str]) -> list[tuple[Path, str, float]]:
+    """(job folder, metric, value) of every NaN / inf among ``metrics``."""
+    return [(r.path, m, r.metrics[m]) for r in runs for m in metrics
+            if m in r.metrics and not math.isfinite(r.metrics[m])]
+
+
+def duplicate_jobs(runs: list[Run]) -> list[list[Run]]:
+    """Groups of runs with the same overrides, less run-only keys (numbers compared as numbers)."""
+    by_key: dict[tuple, list[Run]] = {}
+    for run in runs:
+        key = tuple(sorted((k, _norm(v)) for k, v in run.overrides.items() if not is_run_only(k)))
+        by_key.setdefault(key, []).append(run)
+    return [group for group in by_key.values() if len(group) > 1]
+
+
 def default_group_by(runs: list[Run], seed_keys: tuple[str, ...]) -> list[str]:
-    """Every override key of the runs, in first-seen order, less seed and excluded keys."""
+    """Every override key of the runs, in first-seen order, less seed, excluded and run-only keys."""
     keys: list[str] = []
     for run in runs:
         for key in run.overrides:
-            if key not in keys and key not in seed_keys and key not in run.exclude_keys:
+            if key not in keys and key not in seed_keys and key not in run.exclude_keys and not is_run_only(key):
                 keys.append(key)
     return keys
 
@@ -160,24 +249,36 @@ def default_metrics(runs: list[Run]) -> list[str]:
 
 
 def group_runs(runs: list[Run], group_by: list[str]) -> dict[tuple[str, ...], list[Run]]:
-    """Runs by their group-by values (first-seen order)."""
+    """Runs by their group-by values (first-seen order; ``1`` and ``1.0`` are one group), keyed by
+    the first run's values as text."""
     groups: dict[tuple[str, ...], list[Run]] = {}
     for run in runs:
-        groups.setdefault(tuple(run.value(k) for k in group_by), []).append(run)
-    return groups
+        groups.setdefault(tuple(_norm(run.value(k)) for k in group_by), []).append(run)
+    return {tuple(members[0].value(k) for k in group_by): members for members in groups.values()}
+
+
+def _commit_label(run: Run) -> str:
+    git = run.status.get("git") or {}
+    commit = run_commit(run)
+    return (commit[:12] if commit != UNRECORDED else commit) + ("" if git.get("dirty") is False else "+dirty")
 
 
 def group_rows(runs: list[Run], group_by: list[str], metrics: list[str],
                seed_keys: tuple[str, ...]) -> list[dict[str, Any]]:
-    """One row per group: the key values, n, the seeds, and ``<metric>`` -> (mean, se, n)."""
+    """One row per group: the key values, n, the seeds, the commits, ``<metric>`` -> (mean, se, n)
+    over the finite values, and ``nonfinite`` -> {metric: count of NaN / inf values left out}."""
     rows = []
     for key, members in group_runs(runs, group_by).items():
         row: dict[str, Any] = dict(zip(group_by, key))
         row["n"] = len(members)
         seeds = {" ".join(f"{s}={r.value(s)}" for s in seed_keys if r.value(s) != MISSING) for r in members}
         row["seeds"] = ", ".join(sorted(seeds, key=_natural))
+        row["commits"] = ", ".join(sorted({_commit_label(r) for r in members}))
+        row["nonfinite"] = {}
         for m in metrics:
-            row[m] = mean_se([r.metrics[m] for r in members if m in r.metrics])
+            values = [r.metrics[m] for r in members if m in r.metrics]
+            row[m] = mean_se([v for v in values if math.isfinite(v)])
+            row["nonfinite"][m] = sum(not math.isfinite(v) for v in values)
         rows.append(row)
     return rows
 
@@ -212,18 +313,22 @@ def reconstruct_command(runs: list[Run]) -> str:
     return " ".join([ENTRY, "-m", *(shlex.quote(f"{k}={','.join(v)}") for k, v in values.items())])
 
 
-def provenance(runs: list[Run], sweep_dirs: list[Path], seed_keys: tuple[str, ...]) -> dict[str, Any]:
-    """Commit(s), command(s), seeds, hardware and wall time of the runs (what the table header shows)."""
-    commits = sorted({(r.status.get("git") or {}).get("commit") or "unknown" for r in runs})
+def provenance(runs: list[Run], sweep_dirs: list[Path], seed_keys: tuple[str, ...],
+               launches: dict[Path, dict[str, Any]] | None = None, problems: list[str] = (),
+               preset: str | None = None) -> dict[str, Any]:
+    """Commit(s), command(s), seeds, hardware and wall time of the runs (what the table header
+    shows); paths relative to the launch folder or the repository, never absolute."""
+    launches = launches if launches is not None else run_launches(runs, sweep_dirs)
+    commits = sorted({run_commit(r) for r in runs})
     dirty = sorted({str((r.status.get("git") or {}).get("dirty")) for r in runs if r.status.get("git")})
-    if not any(r.status.get("git") for r in runs):  # runs without markers: the repo as it is now
-        now = git_state()
-        commits, dirty = [f"{now['commit']} (at aggregation; the runs record none)"], [str(now["dirty"])]
-    commands = [launch["command"] for d in sweep_dirs for launch in read_launches(d)]
-    commands = list(dict.fromkeys(commands))
+    here = [REPO_ROOT, Path.cwd()]
+    commands = list(dict.fromkeys(
+        portable_command(launch["command"], [Path(launch.get("cwd") or "."), *here])
+        for launch in (launches[r.path] for r in runs if r.path in launches)))
     command_source = "recorded at launch"
     if not commands:
-        commands, command_source = [reconstruct_command(runs)], "reconstructed from the jobs' overrides"
+        commands, command_source = [portable_command(reconstruct_command(runs), here)], \
+            "reconstructed from the jobs' overrides"
     hw = {json.dumps(r.status["hardware"], sort_keys=True) for r in runs if r.status.get("hardware")}
     hardware_source = "recorded by the jobs"
     if not hw:
@@ -237,12 +342,13 @@ def provenance(runs: list[Run], sweep_dirs: list[Path], seed_keys: tuple[str, ..
     seeds = {k: sorted({r.value(k) for r in runs if r.value(k) != MISSING}, key=_natural) for k in seed_keys}
     finite = [w for w, _ in walls if math.isfinite(w)]
     return {
-        "commits": commits, "dirty": dirty, "commands": commands, "command_source": command_source,
+        "commits": commits, "dirty": dirty, "problems": list(problems), "preset": preset,
+        "commands": commands, "command_source": command_source,
         "seeds": {k: v for k, v in seeds.items() if v}, "hardware": [json.loads(h) for h in sorted(hw)],
         "hardware_source": hardware_source,
         "wall_time_s": {"sum": math.fsum(finite), "max": max(finite, default=math.nan), "jobs": len(finite),
                         "source": wall_source},
-        "sweep_dirs": [str(d) for d in sweep_dirs], "n_runs": len(runs),
+        "sweep_dirs": [portable_path(d, here) for d in sweep_dirs], "n_runs": len(runs),
         "generated": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }
 
@@ -268,9 +374,17 @@ def _hardware_text(h: dict[str, Any]) -> str:
 def provenance_lines(name: str, prov: dict[str, Any]) -> list[str]:
     w = prov["wall_time_s"]
     seeds = "; ".join(f"{k}: {', '.join(v)}" for k, v in prov["seeds"].items()) or "none"
+    if prov["problems"]:
+        commit = [f"commit: {', '.join(prov['commits'])} (dirty: {', '.join(prov['dirty']) or 'unknown'})",
+                  "provenance: NOT ONE CLEAN COMMIT / LAUNCH (the commit of each row is in its `commits` column): "
+                  + "; ".join(prov["problems"])]
+    else:
+        contains = f"; contains conf/experiment/{prov['preset']}.yaml" if prov.get("preset") else ""
+        commit = [f"commit: {', '.join(prov['commits'])} (clean at job start: no modified, untracked or ignored "
+                  f"package files{contains})"]
     return [
         f"table: {name}",
-        f"commit: {', '.join(prov['commits'])} (dirty: {', '.join(prov['dirty']) or 'unknown'})",
+        *commit,
         *(f"command ({prov['command_source']}): {c}" for c in prov["commands"]),
         f"seeds: {seeds}",
         *(f"hardware ({prov['hardware_source']}): {_hardware_text(h)}" for h in prov["hardware"]),
@@ -279,22 +393,48 @@ def provenance_lines(name: str, prov: dict[str, Any]) -> list[str]:
     ]
 
 
+def _cell(row: dict[str, Any], m: str) -> str:
+    mean, se, n = row[m]
+    bad = row["nonfinite"].get(m, 0)
+    cell = f"{_fmt(mean)} ± {_fmt(se)}" if n > 1 else (_fmt(mean) if n == 1 else MISSING)
+    notes = ([f"n={n}"] if 0 < n != row["n"] else []) + ([f"{bad} non-finite left out"] if bad else [])
+    return cell + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _relative(path: Path, sweep_dirs: list[Path]) -> str:
+    for d in sweep_dirs:
+        try:
+            return str(Path(d.name) / path.relative_to(d))
+        except ValueError:
+            continue
+    return portable_path(path, [REPO_ROOT, Path.cwd()])
+
+
+def problems_markdown(loaded: Loaded, nonfinite: list[tuple[Path, str, float]], sweep_dirs: list[Path]) -> list[str]:
+    """The sections listing non-finite values and unreadable job folders (none when all is well)."""
+    lines = []
+    if nonfinite:
+        lines += ["", "## Non-finite values (left out of the cells above)", ""]
+        lines += [f"- `{_relative(p, sweep_dirs)}`: {m} = {v}" for p, m, v in nonfinite]
+    if loaded.unreadable:
+        lines += ["", "## Job folders left out (unreadable files)", ""]
+        lines += [f"- `{_relative(p, sweep_dirs)}`: {why}" for p, why in loaded.unreadable]
+    return lines
+
+
 def to_markdown(name: str, rows: list[dict[str, Any]], group_by: list[str], metrics: list[str],
-                prov: dict[str, Any], figures: list[tuple[str, str, Path]] = ()) -> str:
+                prov: dict[str, Any]) -> str:
+    """The header and the results table (the sections below it come from ``aggregate``)."""
     head = [f"# {name}", ""] + [f"- {line}" for line in provenance_lines(name, prov)[1:]]
-    head += ["", "Cells: mean ± standard error over the group's runs (n); (n=k) where a metric has fewer runs.", ""]
-    columns = [*group_by, "n", *metrics]
+    head += ["", "Cells: mean ± standard error over the group's runs (n); (n=k) where a metric has fewer runs"
+             " (NaN / inf values are left out and counted).", ""]
+    mixed = bool(prov["problems"])
+    columns = [*group_by, "n", *(["commits"] if mixed else []), *metrics]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
-        cells = [str(row[k]) for k in group_by] + [str(row["n"])]
-        for m in metrics:
-            mean, se, n = row[m]
-            cell = f"{_fmt(mean)} ± {_fmt(se)}" if n > 1 else (_fmt(mean) if n == 1 else MISSING)
-            cells.append(cell + (f" (n={n})" if 0 < n != row["n"] else ""))
+        cells = [str(row[k]) for k in group_by] + [str(row["n"])] + ([row["commits"]] if mixed else [])
+        cells += [_cell(row, m) for m in metrics]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    if figures:
-        lines += ["", "## Figures (first seed of each group)", ""]
-        lines += [f"![{label}: {fig}]({path.parent.name}/{path.name})" for label, fig, path in figures]
     return "\n".join(head + lines) + "\n"
 
 
@@ -304,87 +444,221 @@ def to_csv(name: str, rows: list[dict[str, Any]], group_by: list[str], metrics: 
     for line in provenance_lines(name, prov):
         buf.write(f"# {line}\n")
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow([*group_by, "n", "seeds", *(f"{m}{s}" for m in metrics for s in (" mean", " se", " n"))])
+    mixed = ["commits"] if prov["problems"] else []
+    writer.writerow([*group_by, "n", "seeds", *mixed,
+                     *(f"{m}{s}" for m in metrics for s in (" mean", " se", " n", " nonfinite"))])
     for row in rows:
-        stats = [v for m in metrics for v in (repr(row[m][0]), repr(row[m][1]), row[m][2])]
-        writer.writerow([*(row[k] for k in group_by), row["n"], row["seeds"], *stats])
+        stats = [v for m in metrics for v in (repr(row[m][0]), repr(row[m][1]), row[m][2], row["nonfinite"][m])]
+        writer.writerow([*(row[k] for k in group_by), row["n"], row["seeds"], *(row[k] for k in mixed), *stats])
     return buf.getvalue()
+
+
+def jobs_csv(name: str, runs: list[Run], group_by: list[str], metrics: list[str], prov: dict[str, Any],
+             sweep_dirs: list[Path]) -> str:
+    """One row per job: folder, group-by values, overrides, commit, dirty, wall time, every metric."""
+    buf = io.StringIO()
+    for line in provenance_lines(name, prov):
+        buf.write(f"# {line}\n")
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["job", *group_by, "overrides", "commit", "dirty", "wall_s", *metrics])
+    here = [REPO_ROOT, Path.cwd()]
+    for run in sorted(runs, key=lambda r: str(r.path)):
+        git = run.status.get("git") or {}
+        overrides = " ".join(portable_command(f"{k}={v}", here) for k, v in run.overrides.items())
+        writer.writerow([_relative(run.path, sweep_dirs), *(run.value(k) for k in group_by), overrides,
+                         run_commit(run), git.get("dirty", ""), run.status.get("wall_s", ""),
+                         *(repr(run.metrics[m]) if m in run.metrics else "" for m in metrics)])
+    return buf.getvalue()
+
+
+def _references(preset: str | None, reference: str | Path | None) -> list[dict[str, Any]] | None:
+    """The validated reference files to judge the table with; None without preset or file."""
+    if reference is not None:
+        loaded = ref.load_reference(reference)
+        if preset and loaded["preset"] != preset:
+            raise ref.ReferenceFileError(f"{reference}: field `preset` is {loaded['preset']!r}, but the table is "
+                                     f"for preset {preset!r}")
+        return [loaded]
+    return ref.find_references(preset, EXPERIMENTS_DIR) if preset else None
+
+
+def reference_markdown(files: list[dict[str, Any]], preset: str | None, rows: list[dict[str, Any]],
+                       group_by: list[str]) -> list[str]:
+    """The "Reference numbers" section (verdicts), or a line saying that no file names the preset."""
+    if not files:
+        return ["", "## Reference numbers", "",
+                f"No `experiments/*/reference.yaml` names preset `{preset}`: no verdicts."]
+    entries = [e for f in files for e in f["references"]]
+    shown = [portable_path(f["path"], [EXPERIMENTS_DIR.parent, Path.cwd()]) for f in files]
+    return ref.to_markdown(ref.verdicts(entries, rows, group_by), shown)
+
+
+def _duplicates_message(dups: list[list[Run]], sweep_dirs: list[Path]) -> str:
+    sets = "; ".join("[" + ", ".join(_relative(r.path, sweep_dirs) for r in group) + "]" for group in dups)
+    return (f"{len(dups)} job(s) appear more than once (same overrides, less run-only keys such as "
+            f"torch_num_threads, logger.*, paths.*): {sets}. Each job must count once: delete the extra folders "
+            "or aggregate their sweeps separately.")
 
 
 def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None = None,
               group_by: list[str] | None = None, seed_keys: list[str] | tuple[str, ...] | None = None,
-              results_dir: str | Path = "results", figures: list[str] | None = None,
-              model_selection: dict[str, Any] | None = None) -> list[Path]:
-    """Write ``<results_dir>/<name>.md`` and ``.csv`` from the finished runs; returns both paths.
+              results_dir: str | Path | None = None, figures: list[str] | None = None,
+              model_selection: dict[str, Any] | None = None, preset: str | None = None,
+              reference: str | Path | None = None, commit_results: bool = False, allow_mixed: bool = False,
+              allow_mixed_launches: bool = False, launch_id: str | None = None) -> list[Path]:
+    """Write ``<name>.md``, ``<name>.csv`` and ``<name>.jobs.csv`` from the finished runs; returns them.
 
-    ``figures``: names of ``figures/<fig>.png`` to copy, from each group's first seed, into
-    ``<results_dir>/<name>_figures/`` and link from the markdown. ``model_selection``: a
-    ``laplace_lab.model_selection`` spec; appends the marglik ranking section to the markdown.
+    ``results_dir``: default the first sweep folder; ``commit_results`` writes into
+    ``COMMITTED_RESULTS`` (``results/``), the only way to write there. ``figures``: names of
+    ``figures/<fig>.png`` to copy, from each group's first seed, into ``<results_dir>/<name>_figures/``.
+    ``model_selection``: a ``laplace_lab.model_selection`` spec (a ranking section). ``preset`` /
+    ``reference``: the reference files whose verdicts make the "Reference numbers" section, and the
+    preset the jobs' commit must contain. Raises ``ProvenanceError`` (before writing) when the jobs
+    are not from one clean commit (unless ``allow_mixed``) or one launch command (unless
+    ``allow_mixed_launches``), or when a job appears twice. ``launch_id``: only that launch's jobs.
     """
     if model_selection is not None:
         model_selection = validate_spec(model_selection)
     dirs = [Path(d) for d in sweep_dirs]
+    if commit_results and results_dir is not None:
+        raise ValueError("give either results_dir (--results-dir) or commit_results (--commit-results), not both")
+    out = COMMITTED_RESULTS if commit_results else Path(results_dir) if results_dir is not None else dirs[0]
+    if not commit_results and out.resolve() == COMMITTED_RESULTS.resolve():
+        raise ValueError(f"{out} holds the committed tables: write there only with --commit-results "
+                         "(commit_results=True); by default tables go to the sweep folder")
+    references = _references(preset, reference)
     seeds = tuple(DEFAULT_SEED_KEYS if seed_keys is None else seed_keys)
-    runs = load_runs(dirs)
+    loaded = load_runs(dirs, launch_id)
+    runs = loaded.runs
     if not runs:
         raise ValueError(f"no finished runs (metrics.json with {STATUS_FILE} state 'finished') under "
-                         f"{', '.join(map(str, dirs))}")
+                         f"{', '.join(map(str, dirs))}"
+                         + "".join(f"; left out {p}: {why}" for p, why in loaded.unreadable))
+    dups = duplicate_jobs(runs)
+    if dups:
+        raise ProvenanceError(_duplicates_message(dups, dirs))
+    launches = run_launches(runs, dirs)
+    commit_issues = commit_problems(runs, preset, label=lambda path: _relative(path, dirs))
+    launch_issues = launch_problems(runs, launches)
+    if commit_issues and not allow_mixed:
+        raise ProvenanceError(f"refusing to write table {name!r}: " + "; ".join(commit_issues)
+                              + ". Rerun the jobs from one clean commit, or pass --allow-mixed (allow_mixed=True): "
+                              "the table then names the commit of every row.")
+    if launch_issues and not allow_mixed_launches:
+        raise ProvenanceError(f"refusing to write table {name!r}: " + "; ".join(launch_issues)
+                              + ". Aggregate each launch's sweep folder separately, or pass --allow-mixed-launches.")
     keys = list(group_by) if group_by is not None else default_group_by(runs, seeds)
     names = list(metrics) if metrics else default_metrics(runs)
     unknown = [m for m in names if not any(m in r.metrics for r in runs)]
     if unknown:
         raise ValueError(f"metrics {unknown} are in no run's metrics.json; allowed: {default_metrics(runs)}")
     rows = group_rows(runs, keys, names, seeds)
-    prov = provenance(runs, dirs, seeds)
-    out = Path(results_dir)
+    verdict_lines = reference_markdown(references, preset, rows, keys) if references is not None else []
+    nonfinite = nonfinite_values(runs, names)
+    for path, metric, value in nonfinite:
+        log.warning("Non-finite %s = %s in %s: left out of table %s", metric, value, path, name)
+    prov = provenance(runs, dirs, seeds, launches, commit_issues + launch_issues, preset)
     out.mkdir(parents=True, exist_ok=True)
-    md, csv_path = out / f"{name}.md", out / f"{name}.csv"
+    md, csv_path, jobs_path = out / f"{name}.md", out / f"{name}.csv", out / f"{name}.jobs.csv"
     copied = copy_figures(runs, keys, list(figures or ()), seeds, out / f"{name}_figures")
-    text = to_markdown(name, rows, keys, names, prov, copied)
+    sections = [*verdict_lines, *problems_markdown(loaded, nonfinite, dirs)]
     if model_selection is not None:
-        text += "\n".join(selection_markdown(rank_candidates(runs, model_selection), model_selection)) + "\n"
+        sections += selection_markdown(rank_candidates(runs, model_selection), model_selection)
+    if copied:
+        sections += ["", "## Figures (first seed of each group)", ""]
+        sections += [f"![{label}: {fig}]({p.parent.name}/{p.name})" for label, fig, p in copied]
+    text = to_markdown(name, rows, keys, names, prov) + ("\n".join(sections) + "\n" if sections else "")
     md.write_text(text)
     csv_path.write_text(to_csv(name, rows, keys, names, prov))
-    return [md, csv_path]
+    jobs_path.write_text(jobs_csv(name, runs, keys, names, prov, dirs))
+    return [md, csv_path, jobs_path]
 
 
-def preset_spec(preset: str) -> dict[str, Any]:
-    """The ``aggregate`` block of ``conf/experiment/<preset>.yaml`` (what its multirun uses)."""
-    from omegaconf import OmegaConf
+def aggregate_sweep(sweep_dir: str | Path, spec: dict[str, Any], launch_id: str | None = None,
+                    preset: str | None = None) -> list[Path]:
+    """The end-of-multirun table: ``aggregate`` on the jobs of launch ``launch_id``, written into
+    the sweep folder (a relative ``spec['results_dir']`` is taken under it). Mixed provenance is
+    stated in the header rather than refused; ``tables --commit-results`` is the strict path."""
+    spec = dict(spec)
+    results_dir = spec.pop("results_dir", None)
+    out = Path(sweep_dir) if results_dir is None else Path(sweep_dir) / results_dir  # absolute stays absolute
+    return aggregate([sweep_dir], results_dir=out, preset=preset, launch_id=launch_id, allow_mixed=True,
+                     allow_mixed_launches=True, **spec)
 
+
+def preset_file(preset: str) -> Path:
+    """``conf/experiment/<preset>.yaml``; a ValueError listing the presets when there is none."""
     from laplace_lab.train import CONF_DIR
 
     path = CONF_DIR / "experiment" / f"{preset}.yaml"
     if not path.is_file():
         allowed = sorted(f.stem for f in (CONF_DIR / "experiment").glob("*.yaml"))
         raise ValueError(f"--preset {preset!r} is not a preset; allowed: {allowed}")
+    return path
+
+
+def preset_spec(preset: str) -> dict[str, Any]:
+    """The ``aggregate`` block of ``conf/experiment/<preset>.yaml`` (what its multirun uses)."""
+    from omegaconf import OmegaConf
+
+    path = preset_file(preset)
     spec = OmegaConf.select(OmegaConf.load(path), "aggregate")
     if spec is None:
         raise ValueError(f"--preset {preset!r} has no `aggregate` block in {path}")
     return OmegaConf.to_container(spec, resolve=False)
 
 
+def default_sweep_dir(preset: str) -> Path:
+    """``outputs/<experiment_name>/multirun``: where ``python -m laplace_lab.train experiment=<preset>``
+    puts its jobs with the default ``paths.output_root``."""
+    from omegaconf import OmegaConf
+
+    name = OmegaConf.select(OmegaConf.load(preset_file(preset)), "experiment_name", default=preset)
+    return Path("outputs") / str(name) / "multirun"
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m laplace_lab.tables", description=__doc__.split("\n\n")[0])
-    p.add_argument("sweep_dirs", nargs="+", type=Path, help="multirun folder(s), e.g. outputs/<exp>/multirun")
+    p.add_argument("sweep_dirs", nargs="*", type=Path,
+                   help="multirun folder(s), e.g. outputs/<exp>/multirun (default with --preset: "
+                        "outputs/<its experiment_name>/multirun)")
     p.add_argument("--preset", default=None,
                    help="take name, metrics, group-by, seed keys, figures and model selection from the "
-                        "`aggregate` block of conf/experiment/<preset>.yaml (explicit options win)")
-    p.add_argument("--name", default=None, help="table name: writes <results-dir>/<name>.md and .csv")
+                        "`aggregate` block of conf/experiment/<preset>.yaml (explicit options win); adds the "
+                        "verdicts of experiments/*/reference.yaml files of the preset; the jobs' commit must "
+                        "contain the preset")
+    p.add_argument("--reference", type=Path, default=None,
+                   help="a reference.yaml to judge the table with (instead of the preset's)")
+    p.add_argument("--name", default=None, help="table name: writes <name>.md, .csv and .jobs.csv")
     p.add_argument("--metrics", nargs="+", default=None, help="metric keys (default: all but time/*)")
     p.add_argument("--group-by", nargs="+", default=None, help="method keys (default: the overrides less seeds)")
     p.add_argument("--seed-keys", nargs="+", default=None, help=f"replicate keys (default: {list(DEFAULT_SEED_KEYS)})")
-    p.add_argument("--results-dir", default="results", type=Path)
+    p.add_argument("--results-dir", default=None, type=Path, help="output folder (default: the first sweep folder)")
+    p.add_argument("--commit-results", action="store_true",
+                   help="write into the repository's results/ (the committed tables)")
+    p.add_argument("--allow-mixed", action="store_true",
+                   help="write although the jobs are not from one clean commit containing the preset (the table "
+                        "names the commit of every row)")
+    p.add_argument("--allow-mixed-launches", action="store_true",
+                   help="write although the jobs were launched by different commands")
     p.add_argument("--figures", nargs="+", default=None, help="figure names (figures/<name>.png) to copy")
     args = p.parse_args(argv)
-    spec = preset_spec(args.preset) if args.preset else {}
-    name = args.name or spec.get("name")
-    if name is None:
-        p.error("--name is required unless --preset gives one")
-    for path in aggregate(args.sweep_dirs, name, args.metrics or spec.get("metrics"),
-                          args.group_by or spec.get("group_by"),
+    try:
+        spec = preset_spec(args.preset) if args.preset else {}
+        name = args.name or spec.get("name")
+        if name is None:
+            p.error("--name is required unless --preset gives one")
+        if not args.sweep_dirs and not args.preset:
+            p.error("give the multirun folder(s), or --preset for its default folder")
+        sweep_dirs = args.sweep_dirs or [default_sweep_dir(args.preset)]
+        paths = aggregate(sweep_dirs, name, args.metrics or spec.get("metrics"), args.group_by or spec.get("group_by"),
                           args.seed_keys or spec.get("seed_keys") or list(DEFAULT_SEED_KEYS), args.results_dir,
-                          args.figures or spec.get("figures"), spec.get("model_selection")):
+                          args.figures or spec.get("figures"), spec.get("model_selection"), preset=args.preset,
+                          reference=args.reference, commit_results=args.commit_results,
+                          allow_mixed=args.allow_mixed, allow_mixed_launches=args.allow_mixed_launches)
+    except (ValueError, FileNotFoundError) as err:
+        sys.exit(f"python -m laplace_lab.tables: error: {err}")
+    for path in paths:
         print(path)
 
 

@@ -6,7 +6,8 @@ Configured in ``conf/train.yaml`` as ``hydra.callbacks.sweep_summary``:
   did not finish, or the aggregation failed.
 - ``aggregate`` (default null): ``{name, metrics, group_by, seed_keys, results_dir, figures,
   model_selection}``,
-  passed to ``laplace_lab.tables.aggregate`` to write ``<results_dir>/<name>.md`` and ``.csv``.
+  passed to ``laplace_lab.tables.aggregate_sweep`` to write ``<name>.md``, ``.csv`` and ``.jobs.csv``
+  of this launch's jobs into the sweep folder (``results_dir``, when given, relative to it).
   When null, a root-level ``aggregate`` key of the config (set by an experiment preset) is used.
   Invalid keys stop the multirun before any job runs.
 
@@ -107,10 +108,11 @@ class SweepSummary(Callback):
         log.info("Summary written to %s", sweep_dir / SUMMARY_FILE)
         aggregation_failed = False
         if self.aggregate:
-            from laplace_lab.tables import aggregate
+            from laplace_lab.tables import aggregate_sweep
 
-            try:
-                paths = aggregate([sweep_dir], **self.aggregate)
+            try:  # this launch's jobs, into the sweep folder; verdicts of the preset's reference.yaml
+                paths = aggregate_sweep(sweep_dir, self.aggregate, launch_id=launch.get("launch_id"),
+                                        preset=OmegaConf.select(config, "hydra.runtime.choices.experiment"))
             except Exception as err:  # noqa: BLE001 - reported, then the exit status says so
                 log.error("Aggregation of %s failed: %s: %s", sweep_dir, type(err).__name__, err)
                 aggregation_failed = True

@@ -117,19 +117,35 @@ def current_launch_id(sweep_dir: str | Path) -> str | None:
     return launches[-1]["launch_id"] if launches else None
 
 
-def git_state() -> dict[str, Any]:
-    """``{"commit": sha or None, "dirty": bool or None}`` of the repository this package runs from."""
+# Ignored files under these folders are part of the package (a data loader, a config) and make
+# the tree dirty, less the caches below (``git status --ignored`` does not show them otherwise).
+PACKAGE_PATHS = ("src/laplace_lab", "conf")
+IGNORED_CACHES = ("__pycache__", ".pyc", ".egg-info")
+
+
+def git_state(repo_root: str | Path = REPO_ROOT) -> dict[str, Any]:
+    """``{"commit", "dirty", "dirty_files", "ignored_checked"}`` of the repository this package runs from.
+
+    Dirty: tracked changes, untracked files, or ignored files under ``PACKAGE_PATHS`` (less
+    ``IGNORED_CACHES``); ``dirty_files`` lists the first 20 porcelain lines that make it so.
+    ``commit`` / ``dirty`` are None outside a git checkout (or without git)."""
     def git(*args: str) -> str | None:
         try:
-            out = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=20)
+            out = subprocess.run(["git", "-C", str(repo_root), *args], capture_output=True, text=True, timeout=20)
         except (OSError, subprocess.TimeoutExpired):
             return None
         return out.stdout if out.returncode == 0 else None
 
     commit = git("rev-parse", "HEAD")
     porcelain = git("status", "--porcelain") if commit else None
-    return {"commit": commit.strip() if commit else None,
-            "dirty": None if porcelain is None else bool(porcelain.strip())}
+    ignored = git("status", "--porcelain", "--ignored", "--untracked-files=all", "--", *PACKAGE_PATHS) if commit else None
+    if porcelain is None or ignored is None:
+        return {"commit": commit.strip() if commit else None, "dirty": None, "dirty_files": [],
+                "ignored_checked": False}
+    files = [line for line in porcelain.splitlines() if line.strip()]
+    files += [line for line in ignored.splitlines() if line.startswith("!! ")
+              and not any(part == "__pycache__" or part.endswith(IGNORED_CACHES) for part in line[3:].split("/"))]
+    return {"commit": commit.strip(), "dirty": bool(files), "dirty_files": files[:20], "ignored_checked": True}
 
 
 def hardware() -> dict[str, Any]:

@@ -1,0 +1,136 @@
+"""Where a table's jobs come from: one clean commit containing the preset, one launch command,
+and header text without machine paths. Used by ``laplace_lab.tables``.
+
+A job's ``status.json`` carries ``git`` (``sweeps.status.git_state`` at job start: commit, dirty,
+dirty_files, ignored_checked) and ``launch_id`` (a line of ``<sweep dir>/launches.jsonl``).
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from laplace_lab.sweeps.status import (
+    ENTRY,
+    REPO_ROOT,
+    RUN_ONLY_KEYS,
+    RUN_ONLY_SUBKEYS,
+    read_launches,
+)
+
+UNRECORDED = "(not recorded)"
+OUTSIDE = "<outside the repository>"
+
+
+def commit_has_file(commit: str, path: str, repo_root: str | Path | None = None) -> bool:
+    """True when ``commit`` (of the repository at ``repo_root``, default ``REPO_ROOT``) contains ``path``."""
+    try:
+        out = subprocess.run(["git", "-C", str(repo_root or REPO_ROOT), "cat-file", "-e", f"{commit}:{path}"],
+                             capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0
+
+
+def run_commit(run: Any) -> str:
+    """The commit a run recorded, or ``UNRECORDED``."""
+    return (run.status.get("git") or {}).get("commit") or UNRECORDED
+
+
+def commit_problems(runs: list, preset: str | None, repo_root: str | Path | None = None,
+                    label: Callable[[Path], str] = str) -> list[str]:
+    """Why ``runs`` do not come from one clean commit containing ``conf/experiment/<preset>.yaml``
+    (``label`` shows a job folder)."""
+    problems = []
+    commits = Counter(run_commit(r) for r in runs)
+    if len(commits) > 1:
+        problems.append(f"the jobs come from {len(commits)} commits: "
+                        + ", ".join(f"{c} ({n} jobs)" for c, n in commits.most_common()))
+    elif UNRECORDED in commits:
+        problems.append("the jobs record no commit (no `git` in status.json)")
+    gits = [(r, r.status.get("git") or {}) for r in runs if r.status.get("git")]
+    dirty = [(r, g) for r, g in gits if g.get("dirty") is not False]
+    if dirty:
+        example = next((g.get("dirty_files") for _, g in dirty if g.get("dirty_files")), None)
+        problems.append(f"{len(dirty)} job(s) ran from a dirty (or unknown) tree, e.g. {label(dirty[0][0].path)}"
+                        + (f" ({'; '.join(example[:3])})" if example else ""))
+    unchecked = [r for r, g in gits if g.get("dirty") is False and not g.get("ignored_checked")]
+    if unchecked:
+        problems.append(f"{len(unchecked)} job(s) recorded `dirty: false` without checking the ignored files of "
+                        f"the package (recorded by an older version), e.g. {label(unchecked[0].path)}")
+    if preset:
+        path = f"conf/experiment/{preset}.yaml"
+        for commit in sorted(set(commits) - {UNRECORDED}):
+            if not commit_has_file(commit, path, repo_root):
+                problems.append(f"commit {commit} does not contain {path} (or is not in this repository)")
+    return problems
+
+
+def _key(token: str) -> str:
+    return token.split("=", 1)[0].lstrip("+~")
+
+
+def is_run_only(key: str) -> bool:
+    """True for override keys that do not change a run's result (``sweeps.status.RUN_ONLY_*`` and
+    the launcher)."""
+    top, _, sub = key.partition(".")
+    return (top in RUN_ONLY_KEYS or sub.split(".")[0] in RUN_ONLY_SUBKEYS.get(top, ())
+            or key.startswith(("hydra/launcher", "hydra.launcher")))
+
+
+def normalized_command(command: str) -> str:
+    """A launch command less its entry point, ``-m`` and run-only overrides, tokens sorted."""
+    tokens = shlex.split(command)
+    if " ".join(tokens[:3]) == ENTRY:
+        tokens = tokens[3:]
+    kept = [t for t in tokens if t not in ("-m", "--multirun") and not is_run_only(_key(t))]
+    return " ".join(sorted(kept))
+
+
+def run_launches(runs: list, sweep_dirs: list[Path]) -> dict[Path, dict[str, Any]]:
+    """Each run's launch record (command, cwd, ...) from its sweep folder's ``launches.jsonl``."""
+    launches = {launch["launch_id"]: launch for d in sweep_dirs for launch in read_launches(d)
+                if isinstance(launch, dict) and "launch_id" in launch}
+    return {r.path: launches[r.status["launch_id"]] for r in runs if r.status.get("launch_id") in launches}
+
+
+def launch_problems(runs: list, launches: dict[Path, dict[str, Any]]) -> list[str]:
+    """Why ``runs`` were not all launched by one command (run-only overrides do not count)."""
+    if not launches:
+        return []
+    commands = Counter(normalized_command(launches[r.path]["command"]) if r.path in launches
+                       else UNRECORDED for r in runs)
+    if len(commands) < 2:
+        return []
+    return [f"the jobs were launched by {len(commands)} different commands: "
+            + "; ".join(f"[{c or '(no overrides)'}] ({n} jobs)" for c, n in commands.most_common())]
+
+
+def portable_path(path: str | Path, bases: list[Path]) -> str:
+    """``path`` relative to the first base that contains it; an outside absolute path loses its folders."""
+    p = Path(path)
+    if not p.is_absolute():
+        return str(path)
+    for base in bases:
+        try:
+            return str(p.resolve().relative_to(base.resolve())) or "."
+        except ValueError:
+            continue
+    return f"{OUTSIDE}/{p.name}"
+
+
+def portable_command(command: str, bases: list[Path]) -> str:
+    """``command`` with every absolute path (as a token or an override value) made portable."""
+    out = []
+    for token in shlex.split(command):
+        key, eq, value = token.partition("=")
+        if eq and value.startswith("/"):
+            token = f"{key}={portable_path(value, bases)}"
+        elif token.startswith("/"):
+            token = portable_path(token, bases)
+        out.append(shlex.quote(token))
+    return " ".join(out)
