@@ -135,3 +135,19 @@ def test_bad_ensemble_options_fail_before_any_work(overrides, match, tmp_path):
     with pytest.raises(ValueError, match=match):
         run(_cfg(tmp_path, *overrides), tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_fgsm_attacks_member_0_and_each_mixture_itself(tmp_path):
+    """``fgsm_map`` attacks member 0's network (the run's ``attack_model``) and evaluates every
+    predictor on those inputs; ``fgsm_self`` differentiates through each mixture."""
+    cfg = compose_config(["data=fake_data", "model=lenet", "trainer=debug", "logger=csv", "method=mola",
+                          "ensemble.size=2", "evaluation=full", "evaluation.adversarial.attack_laplace=true",
+                          "evaluation.max_test_batches=1", "evaluation.adversarial.max_batches=1",
+                          "evaluation.adversarial.epsilons=[0.0,0.1]", "evaluation.adversarial.confmax.enabled=false",
+                          "evaluation.ood.n_generated=16", "evaluation.shift.rotation.enabled=false",
+                          "evaluation.progress=false", f"paths.output_root={tmp_path / 'out'}"])
+    metrics = run(cfg, tmp_path / "run")
+    for section in ("fgsm_map", "fgsm_self"):
+        for name in ("map", "la", "de", "mola"):
+            assert f"{section}/eps_0.1/{name}/acc" in metrics, (section, name)
+    assert metrics["fgsm_map/eps_0/de/acc"] == metrics["test/de/acc"]  # same first batch, unperturbed
