@@ -98,7 +98,8 @@ def fit_members(cfg: DictConfig, output_dir: Path, member0, la0, train_fn: Train
     Laplace if configured, and build the mixture predictors.
 
     Returns ``({"de": ..., "mola": ...}, metrics)``; ``mola`` only with a post-hoc Laplace.
-    Metrics: ``ensemble/size``, ``ensemble/fit_s`` (members 1..K-1 only), ``ensemble/cache_hits``
+    Metrics: ``ensemble/size``, ``ensemble/fit_s`` (training and Laplace fits of members 1..K-1),
+    ``ensemble/cache_hits`` (members 1..K-1 loaded from the MAP cache)
     and per member ``ensemble/member<k>/val_nll`` when validation ran.
     """
     task = "classification" if member0.likelihood == "classification" else "regression"
