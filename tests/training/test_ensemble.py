@@ -144,7 +144,8 @@ def test_fgsm_attacks_member_0_and_each_mixture_itself(tmp_path):
                           "ensemble.size=2", "evaluation=full", "evaluation.adversarial.attack_laplace=true",
                           "evaluation.max_test_batches=1", "evaluation.adversarial.max_batches=1",
                           "evaluation.adversarial.epsilons=[0.0,0.1]", "evaluation.adversarial.confmax.enabled=false",
-                          "evaluation.ood.n_generated=16", "evaluation.shift.rotation.enabled=false",
+                          "evaluation.ood.enabled=false", "evaluation.shift.rotation.enabled=false",
+                          "evaluation.reliability_diagram=false",
                           "evaluation.progress=false", f"paths.output_root={tmp_path / 'out'}"])
     metrics = run(cfg, tmp_path / "run")
     for section in ("fgsm_map", "fgsm_self"):
