@@ -26,7 +26,7 @@ from laplace_lab.evaluation import run_evaluation
 from laplace_lab.evaluation import validate_config as validate_evaluation_config
 from laplace_lab.run_loggers import build_loggers, finish_loggers
 from laplace_lab.sweeps.jobs import run_tracked
-from laplace_lab.training import MAPModule, map_cache
+from laplace_lab.training import MAPModule, ensemble, map_cache
 from laplace_lab.training.online_marglik import OnlineMarglik
 from laplace_lab.training.posthoc import fit_posthoc_laplace, laplace_kwargs, needs_posthoc_laplace
 from laplace_lab.training.predictors import laplace_predictor, map_predictor
@@ -99,11 +99,14 @@ def build_callbacks(cfg: DictConfig, output_dir: Path) -> list[pl.Callback]:
 
 
 def evaluate(cfg: DictConfig, module: MAPModule, datamodule: LabDataModule, la, loggers, output_dir: Path,
-             step: int) -> dict[str, float]:
-    """MAP and (if fitted) Laplace predictives side by side, through ``laplace_lab.evaluation``."""
+             step: int, extra_predictors: dict | None = None) -> dict[str, float]:
+    """MAP and (if fitted) Laplace predictives side by side, through ``laplace_lab.evaluation``;
+    ``extra_predictors`` (e.g. the ensemble's ``de`` / ``mola``) are evaluated beside them. FGSM
+    attacks ``module.model`` (for an ensemble: member 0)."""
     predictors = {"map": map_predictor(module)}
     if la is not None:
         predictors["la"] = laplace_predictor(la, cfg.predictive)
+    predictors.update(extra_predictors or {})
     task = "classification" if module.likelihood == "classification" else "regression"
     is_toy2d = task == "classification" and tuple(datamodule.input_shape) == (2,)
     return run_evaluation(
@@ -185,10 +188,13 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     """Validate, build, train and evaluate one run; returns the final metrics."""
     validate_config(cfg)
     validate_evaluation_config(cfg.evaluation)
+    ensemble.validate_ensemble_config(cfg)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     if cfg.torch_num_threads:
         torch.set_num_threads(int(cfg.torch_num_threads))
+    if ensemble.enabled(cfg) and cfg.ensemble.member is not None:  # train one member into the MAP cache
+        return ensemble.run_member_job(cfg, output_dir, train_map)
     loggers = build_loggers(cfg, output_dir)
     if cfg.map_grid:
         datamodule, module, trainer, metrics = train_map_grid(cfg, output_dir, loggers)
@@ -200,10 +206,15 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     if needs_posthoc_laplace(cfg):
         la, la_metrics = fit_posthoc_laplace(cfg, module, datamodule)
         metrics.update(la_metrics)
+    extra_predictors = None
+    if ensemble.enabled(cfg):  # members 1..K-1 and the mixtures (member 0 is the network above)
+        extra_predictors, ensemble_metrics = ensemble.fit_members(cfg, output_dir, module, la, train_map)
+        metrics.update(ensemble_metrics)
     for logger in loggers:
         logger.log_metrics(metrics, step=trainer.global_step)
     if cfg.evaluation.enabled:
-        metrics.update(evaluate(cfg, module, datamodule, la, loggers, output_dir, trainer.global_step))
+        metrics.update(evaluate(cfg, module, datamodule, la, loggers, output_dir, trainer.global_step,
+                                extra_predictors))
     finish_loggers(loggers)
     (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     headline = {k: v for k, v in metrics.items() if k.startswith(("test/", "time/", "hparams/", "laplace/"))}

@@ -37,6 +37,9 @@ SMOKE = {
     "antoran2022": ['hydra.sweeper.params.model="mlp"', 'hydra.sweeper.params.seed="0,1"', "trainer.max_epochs=1",
                     "data.n_train_subset=256", "trainer.limit_val_batches=1", "marglik.linear_mode.n_outer=2",
                     "marglik.linear_mode.max_newton=2"],
+    "eschenhagen2021_mnist_cpu": ['hydra.sweeper.params.seed="0,1"', "trainer.max_epochs=1", "data.n_train_subset=256",
+                                  "trainer.limit_val_batches=1", "ensemble.size=2",
+                                  "evaluation.shift.rotation.angles=[0,45,90]"],  # the table has rot_45 columns
     "cifar10_resnet18": ['hydra.sweeper.params.seed="0,1"', "data=fake_data", "trainer=debug", "model.width=4",
                          "logger.wandb.enabled=false", "data.num_workers=0", CIFAR_SMOKE_METRICS],
     "cifar10_wrn16_4": ['hydra.sweeper.params.seed="0,1"', "data=fake_data", "trainer=debug", "model.widen_factor=1",

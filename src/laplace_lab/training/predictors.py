@@ -37,3 +37,27 @@ def laplace_predictor(la, predictive: DictConfig) -> Callable:
         return out
 
     return predict
+
+
+def mixture_predictor(members: list[Callable], task: str) -> Callable:
+    """The uniform mixture of ``members`` (deep ensemble, MoLA; Eschenhagen et al. 2021).
+
+    ``task="classification"``: the mean of the members' probabilities ``[B, C]``.
+    ``task="regression"``: the mixture's mean ``[B, O]`` (mean of the member means) and total
+    variance ``[B, O]`` = mean of the member variances + variance of the member means (the
+    mixture's own variance: the divisor is K, not K - 1).
+    """
+    if task not in ("classification", "regression"):
+        raise ValueError(f"task={task!r} is not supported; allowed: ['classification', 'regression']")
+    if not members:
+        raise ValueError("a mixture predictor needs at least one member")
+
+    def predict(x: torch.Tensor):
+        outs = [member(x) for member in members]
+        if task == "classification":
+            return torch.stack(outs).mean(0)
+        means = torch.stack([m.reshape(len(x), -1) for m, _ in outs])
+        variances = torch.stack([v.reshape(len(x), -1) for _, v in outs])
+        return means.mean(0), variances.mean(0) + means.var(0, unbiased=False)
+
+    return predict
