@@ -98,9 +98,10 @@ def name_sweep_dir(config: DictConfig) -> Path:
     """Set ``hydra.sweep.dir`` of this launch to its own folder (``run_only.sweep_dirname`` of the
     command's overrides) unless the command or a config set it; returns it."""
     sweep_dir = Path(config.hydra.sweep.dir)
-    explicit = any(str(o).lstrip("+").startswith("hydra.sweep.dir=") for o in config.hydra.overrides.hydra)
+    hydra_overrides = OmegaConf.select(config, "hydra.overrides.hydra", default=None) or []
+    explicit = any(str(o).lstrip("+").startswith("hydra.sweep.dir=") for o in hydra_overrides)
     if not explicit and sweep_dir.name == "multirun":
-        sweep_dir = sweep_dir.parent / sweep_dirname(config.hydra.overrides.task)
+        sweep_dir = sweep_dir.parent / sweep_dirname(OmegaConf.select(config, "hydra.overrides.task", default=None) or [])
         _add_hydra_override(config, f"hydra.sweep.dir={_quote(str(sweep_dir))}")
         with read_write(config.hydra), open_dict(config.hydra):
             config.hydra.sweep.dir = str(sweep_dir)
@@ -110,6 +111,8 @@ def name_sweep_dir(config: DictConfig) -> Path:
 def _add_hydra_override(config: DictConfig, override: str) -> None:
     """Append a Hydra override that every job's config (composed from these overrides) gets."""
     with read_write(config.hydra), open_dict(config.hydra):
+        if OmegaConf.select(config, "hydra.overrides.hydra") is None:  # a config not composed by Hydra (tests)
+            config.hydra.overrides = {"hydra": [], "task": []}
         config.hydra.overrides.hydra.append(override)
 
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import torch
-
 GPU_ACCELERATORS = ("gpu", "cuda")
 
 
@@ -24,6 +22,8 @@ def check_accelerator(trainer_cfg: Any) -> None:
     accelerator = str(trainer_cfg.get("accelerator", "auto")).lower()
     if accelerator not in GPU_ACCELERATORS:
         return
+    import torch
+
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     seen = f"torch {torch.__version__} sees {torch.cuda.device_count()} CUDA device(s), CUDA_VISIBLE_DEVICES={visible!r}"
     if not torch.cuda.is_available():
@@ -35,8 +35,13 @@ def check_accelerator(trainer_cfg: Any) -> None:
         raise ValueError(f"trainer.devices={devices} asks for more GPUs than visible ({seen}).")
 
 
-def device_record(trainer: Any = None, module: torch.nn.Module | None = None) -> dict[str, Any]:
-    """``status.json["devices"]`` of a run (see the module docstring); fields it cannot know are None."""
+def device_record(trainer: Any = None, module: Any = None) -> dict[str, Any]:
+    """``status.json["devices"]`` of a run (see the module docstring); fields it cannot know are None.
+
+    ``trainer``: a Lightning Trainer; ``module``: the ``nn.Module`` that runs (torch is imported
+    here only, so that launching a job stays light)."""
+    import torch
+
     record: dict[str, Any] = {"cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
     param = next(module.parameters(), None) if module is not None else None
     record["torch_device"] = str(param.device) if param is not None else None
