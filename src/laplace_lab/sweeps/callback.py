@@ -90,8 +90,8 @@ def summarize(sweep_dir: str | Path, launch_id: str | None) -> dict[str, Any]:
 
 
 def _quote(value: str) -> str:
-    """``value`` as a quoted Hydra override value."""
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    """``value`` as a quoted Hydra override value (in quotes only a quote needs its backslash)."""
+    return "'" + value.replace("'", "\\'") + "'"
 
 
 def name_sweep_dir(config: DictConfig) -> Path:

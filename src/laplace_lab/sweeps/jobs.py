@@ -8,6 +8,9 @@ hashes. A job that runs has its ``status.json`` marked ``running``, then ``finis
 with the traceback, and a failure is logged but not raised, so the other jobs go on and the
 ``SweepSummary`` callback reports it at the end. The return value is the sweep objective
 (``val/nll`` unless ``+sweep_objective=<metric>``), NaN for a failed job: what Optuna minimises.
+Every run logs its output folder when it starts and ends; a job's marker also holds its launch id,
+``started_unix`` / ``ended_unix`` and its ``devices`` (``record_devices``, called by ``train.run``
+once the trainer and model exist).
 """
 
 from __future__ import annotations

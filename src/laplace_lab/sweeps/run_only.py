@@ -12,7 +12,8 @@ Three things ignore them, all through this module:
 
 ``RUN_ONLY_KEYS`` are top-level keys dropped whole; ``RUN_ONLY_SUBKEYS[group]`` are keys dropped
 inside a group. Override values are normalised in names (``1``, ``1.0`` and ``1e0`` are one job:
-``normalize_value``), so one value never makes two folders or two table rows.
+``normalize_value``; ``normalize_text`` for a value as typed, for table group keys), so one value
+never makes two folders or two table rows.
 """
 
 from __future__ import annotations
@@ -63,6 +64,23 @@ def normalize_value(value: Any) -> Any:
     return value
 
 
+def _value_text(override) -> str:
+    """The value of a parsed override as text, numbers normalised (sweeps and lists as typed)."""
+    if override.is_sweep_override():
+        return override.input_line.split("=", 1)[1]
+    value = override.value()
+    normalized = normalize_value(value)
+    return str(normalized) if normalized is not value else override.get_value_element_as_str()
+
+
+def normalize_text(value: str) -> str:
+    """One override value as typed (``"1.0"``, ``"1e-3"``) in its canonical spelling (``"1"``,
+    ``"0.001"``): for grouping jobs by override values (``tables``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return _value_text(OverridesParser.create().parse_override(f"key={value}"))
+
+
 def normalized_overrides(overrides: Iterable[str]) -> list[str]:
     """``key=value`` lines of the overrides that are not run-only, values normalised, sorted.
 
@@ -73,13 +91,10 @@ def normalized_overrides(overrides: Iterable[str]) -> list[str]:
     for override in OverridesParser.create().parse_overrides([str(o) for o in overrides]):
         if is_run_only(override.get_key_element()):
             continue
-        if override.is_sweep_override() or override.is_delete():
+        if override.is_delete():
             lines.append(override.input_line)
             continue
-        value = override.value()
-        normalized = normalize_value(value)
-        text = str(normalized) if normalized is not value else override.get_value_element_as_str()
-        lines.append(f"{override.get_key_element()}={text}")
+        lines.append(f"{override.get_key_element()}={_value_text(override)}")
     return sorted(lines)
 
 
