@@ -1,8 +1,8 @@
 """The devices a run asks for, is given and uses.
 
 - ``check_accelerator(trainer_cfg)``: ``trainer.accelerator: gpu`` / ``cuda`` on a machine where
-  torch sees no CUDA GPU (or fewer than ``trainer.devices``) fails before any work, naming the
-  option, what torch sees and ``CUDA_VISIBLE_DEVICES``.
+  torch sees no CUDA GPU (nor, for ``gpu``, Apple's MPS), or fewer than ``trainer.devices``, fails
+  before any work, naming the option, what torch sees and ``CUDA_VISIBLE_DEVICES``.
 - ``device_record(trainer, module)``: what ``status.json["devices"]`` holds (``status.DEVICE_FIELDS``):
   ``cuda_visible_devices`` (as the launcher set it: Ray and SLURM give each job its GPUs through
   it), ``torch_device`` of the model's parameters, the Lightning ``accelerator`` (``cpu``, ``cuda``)
@@ -24,6 +24,8 @@ def check_accelerator(trainer_cfg: Any) -> None:
         return
     import torch
 
+    if accelerator == "gpu" and not torch.cuda.is_available() and torch.backends.mps.is_available():
+        return  # Lightning's "gpu" is Apple's MPS there
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     seen = f"torch {torch.__version__} sees {torch.cuda.device_count()} CUDA device(s), CUDA_VISIBLE_DEVICES={visible!r}"
     if not torch.cuda.is_available():
