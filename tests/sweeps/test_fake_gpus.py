@@ -107,6 +107,7 @@ def test_ray_eight_jobs_on_four_gpus_run_at_most_four_at_once(tmp_path, ray_node
     assert {d for _, _, d in spans} == {"0", "1", "2", "3"}
 
 
+@pytest.mark.slow  # eight Ray workers at once: ~70 s on the busy 2-core machine; the two tests above cover the default run
 def test_ray_half_a_gpu_per_job_puts_two_jobs_on_each_gpu(tmp_path, ray_node):
     jobs = ray_sweep(tmp_path, ray_node, n_jobs=8, gpus_per_job=0.5, barrier=8, light=True)
     spans = intervals(jobs)
