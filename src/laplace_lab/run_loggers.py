@@ -37,14 +37,16 @@ def flatten_config(cfg: DictConfig | dict, sep: str = ".") -> dict[str, Any]:
 
 
 def _multirun_job_name() -> str | None:
-    """The job's override dirname when this run is a job of a Hydra multirun."""
+    """The job's folder name (``sweeps.run_only.job_dirname``) when this run is a job of a Hydra multirun."""
     try:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
     except ImportError:  # pragma: no cover
         return None
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        return HydraConfig.get().job.override_dirname or None
+        from laplace_lab.sweeps.run_only import job_dirname
+
+        return job_dirname(HydraConfig.get().overrides.task)
     return None
 
 

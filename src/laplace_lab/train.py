@@ -25,7 +25,8 @@ from laplace_lab.data.base import LabDataModule
 from laplace_lab.evaluation import run_evaluation
 from laplace_lab.evaluation import validate_config as validate_evaluation_config
 from laplace_lab.run_loggers import build_loggers, finish_loggers
-from laplace_lab.sweeps.jobs import run_tracked
+from laplace_lab.sweeps.devices import check_accelerator
+from laplace_lab.sweeps.jobs import record_devices, run_tracked
 from laplace_lab.training import MAPModule, ensemble, map_cache
 from laplace_lab.training.online_marglik import OnlineMarglik
 from laplace_lab.training.posthoc import fit_posthoc_laplace, laplace_kwargs, needs_posthoc_laplace
@@ -189,6 +190,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     validate_config(cfg)
     validate_evaluation_config(cfg.evaluation)
     ensemble.validate_ensemble_config(cfg)
+    check_accelerator(cfg.trainer)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     if cfg.torch_num_threads:
@@ -200,6 +202,8 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
         datamodule, module, trainer, metrics = train_map_grid(cfg, output_dir, loggers)
     else:
         datamodule, module, trainer, metrics = train_map(cfg, output_dir, loggers)
+    module.to(trainer.strategy.root_device)  # Lightning's teardown moved it to the CPU: fit the Laplace where it trained
+    record_devices(output_dir, trainer, module)
     if module.likelihood == "regression":
         metrics["hparams/sigma_noise"] = module.sigma_noise.item()
     la = None

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from laplace_lab.sweeps.run_only import sweep_dirname
+
 # Tiny jobs: one batch of train/val on generated 2-D data, no evaluation, CSV only.
 TINY = ["data=toy2d", "trainer=debug", "logger=csv", "evaluation=none"]
 
@@ -25,14 +27,25 @@ def require_plugin(module: str) -> None:
         pytest.skip(message)
 
 
-def multirun(tmp_path: Path, *overrides: str, timeout: float = 240) -> tuple[subprocess.CompletedProcess, Path]:
-    """Launch a multirun with outputs under ``tmp_path/out``; returns the process and the sweep dir."""
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "RAY_USAGE_STATS_ENABLED": "0",
-           "HYDRA_FULL_ERROR": "1"}
-    cmd = [sys.executable, "-m", "laplace_lab.train", "-m", f"paths.output_root={tmp_path / 'out'}", *overrides]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+ENV = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "RAY_USAGE_STATS_ENABLED": "0", "HYDRA_FULL_ERROR": "1"}
+
+
+def multirun_command(tmp_path: Path, *overrides: str, script: str | None = None) -> tuple[list[str], Path]:
+    """The command of a multirun with outputs under ``tmp_path/out`` (``script``: a Hydra app file
+    instead of ``laplace_lab.train``) and the sweep folder it will use."""
+    args = ["-m", f"paths.output_root={tmp_path / 'out'}", *overrides]
+    cmd = [sys.executable, script, *args] if script else [sys.executable, "-m", "laplace_lab.train", *args]
     name = next((o.split("=", 1)[1] for o in overrides if o.startswith("experiment_name=")), "default")
-    return proc, tmp_path / "out" / name / "multirun"
+    return cmd, tmp_path / "out" / name / sweep_dirname([o for o in overrides if not o.startswith("hydra")])
+
+
+def multirun(tmp_path: Path, *overrides: str, timeout: float = 240,
+             script: str | None = None) -> tuple[subprocess.CompletedProcess, Path]:
+    """Launch a multirun with outputs under ``tmp_path/out``; returns the process and the sweep dir."""
+    cmd, sweep = multirun_command(tmp_path, *overrides, script=script)
+    proc = subprocess.run(cmd, cwd=tmp_path, env={**os.environ, **ENV}, capture_output=True, text=True,
+                          timeout=timeout)
+    return proc, sweep
 
 
 def summary(sweep_dir: Path) -> dict:

@@ -2,7 +2,11 @@
 
 - ``status``: the ``status.json`` marker of a job folder and the run's provenance (git, hardware).
 - ``jobs``: ``run_tracked(run_fn, cfg, output_dir)``, the wrapper ``train.main`` calls.
-- ``callback``: ``SweepSummary``, the Hydra callback that writes ``<sweep dir>/summary.json``.
+- ``callback``: ``SweepSummary``, the Hydra callback that names and locks the sweep folder and
+  writes ``<sweep dir>/summary.json``.
+- ``run_only``: the one list of run-only config keys (kept out of folder names and hashes).
+- ``lock``: one launch at a time per sweep folder.
+- ``devices``: the ``trainer=gpu`` check and the devices a job records in ``status.json``.
 
 Importing the package registers the OmegaConf resolvers the Hydra configs use
 (``lab_job_subdir``, ``lab_gpus_per_job``); ``laplace_lab.train`` imports it.

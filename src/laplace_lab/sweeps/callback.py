@@ -11,25 +11,38 @@ Configured in ``conf/train.yaml`` as ``hydra.callbacks.sweep_summary``:
   When null, a root-level ``aggregate`` key of the config (set by an experiment preset) is used.
   Invalid keys stop the multirun before any job runs.
 
-At the start it appends the launch to ``<sweep dir>/launches.jsonl``; at the end it collects this
-launch's jobs from their ``status.json`` markers (finished / skipped / failed / unfinished), logs
-them and writes ``<sweep dir>/summary.json``.
+- ``lock_wait_s`` (default 0): how long a launch waits for another launch holding the same sweep
+  folder before it refuses (``sweeps.lock``).
+
+At the start it names the sweep folder (``<output_root>/<experiment_name>/multirun`` for a preset's
+own sweep, ``.../multirun_<the command's overrides>`` when the command adds overrides; run-only
+keys left out, see ``sweeps.run_only.sweep_dirname``; an explicit ``hydra.sweep.dir=`` is kept),
+locks it (a second launch into it refuses, naming the holder), appends the launch to
+``<sweep dir>/launches.jsonl`` and hands its launch id to every job through
+``hydra.job.env_set.LAPLACE_LAB_LAUNCH_ID``. At the end it collects this launch's jobs from their
+``status.json`` markers (finished / skipped / failed / unfinished), logs them, writes
+``<sweep dir>/summary.json`` and releases the lock.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from laplace_lab.model_selection import validate_spec
+from laplace_lab.sweeps import lock
+from laplace_lab.sweeps.run_only import sweep_dirname
 from laplace_lab.sweeps.status import (
+    LAUNCH_ENV,
     STATUS_FILE,
     SUMMARY_FILE,
     now_iso,
+    new_launch,
     read_launches,
     read_status,
     record_launch,
@@ -77,11 +90,40 @@ def summarize(sweep_dir: str | Path, launch_id: str | None) -> dict[str, Any]:
     return {"sweep_dir": str(sweep_dir), "launch_id": launch_id, "counts": counts, **jobs}
 
 
+def _quote(value: str) -> str:
+    """``value`` as a quoted Hydra override value (in quotes only a quote needs its backslash)."""
+    return "'" + value.replace("'", "\\'") + "'"
+
+
+def name_sweep_dir(config: DictConfig) -> Path:
+    """Set ``hydra.sweep.dir`` of this launch to its own folder (``run_only.sweep_dirname`` of the
+    command's overrides) unless the command or a config set it; returns it."""
+    sweep_dir = Path(config.hydra.sweep.dir)
+    hydra_overrides = OmegaConf.select(config, "hydra.overrides.hydra", default=None) or []
+    explicit = any(str(o).lstrip("+").startswith("hydra.sweep.dir=") for o in hydra_overrides)
+    if not explicit and sweep_dir.name == "multirun":
+        sweep_dir = sweep_dir.parent / sweep_dirname(OmegaConf.select(config, "hydra.overrides.task", default=None) or [])
+        _add_hydra_override(config, f"hydra.sweep.dir={_quote(str(sweep_dir))}")
+        with read_write(config.hydra), open_dict(config.hydra):
+            config.hydra.sweep.dir = str(sweep_dir)
+    return sweep_dir
+
+
+def _add_hydra_override(config: DictConfig, override: str) -> None:
+    """Append a Hydra override that every job's config (composed from these overrides) gets."""
+    with read_write(config.hydra), open_dict(config.hydra):
+        if OmegaConf.select(config, "hydra.overrides.hydra") is None:  # a config not composed by Hydra (tests)
+            config.hydra.overrides = {"hydra": [], "task": []}
+        config.hydra.overrides.hydra.append(override)
+
+
 class SweepSummary(Callback):
-    def __init__(self, fail_on_error: bool = True, aggregate: Any = None) -> None:
+    def __init__(self, fail_on_error: bool = True, aggregate: Any = None, lock_wait_s: float = 0.0) -> None:
         self.fail_on_error = bool(fail_on_error)
         self.aggregate = validate_aggregate(aggregate)
+        self.lock_wait_s = float(lock_wait_s)
         self.launch: dict[str, Any] | None = None
+        self.lock_fd: int | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
@@ -90,9 +132,25 @@ class SweepSummary(Callback):
             # Hydra turns exceptions raised by callbacks into warnings; stop before any job runs.
             log.error("%s", err)
             raise SystemExit(1) from err
-        self.launch = record_launch(config.hydra.sweep.dir)
+        sweep_dir = name_sweep_dir(config)
+        launch = new_launch()
+        try:
+            self.lock_fd = lock.acquire(sweep_dir, {**launch, "pid": os.getpid()}, wait_s=self.lock_wait_s)
+        except lock.SweepLocked as err:
+            log.error("%s", err)
+            raise SystemExit(1) from err
+        self.launch = record_launch(sweep_dir, launch)
+        _add_hydra_override(config, f"++hydra.job.env_set.{LAUNCH_ENV}={launch['launch_id']}")
+        log.info("Sweep folder: %s (launch %s)", sweep_dir.resolve(), launch["launch_id"])
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            self._summarize(config)
+        finally:
+            lock.release(self.lock_fd)
+            self.lock_fd = None
+
+    def _summarize(self, config: DictConfig) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         launch = self.launch or (read_launches(sweep_dir) or [{}])[-1]
         summary = summarize(sweep_dir, launch.get("launch_id"))

@@ -8,6 +8,9 @@ hashes. A job that runs has its ``status.json`` marked ``running``, then ``finis
 with the traceback, and a failure is logged but not raised, so the other jobs go on and the
 ``SweepSummary`` callback reports it at the end. The return value is the sweep objective
 (``val/nll`` unless ``+sweep_objective=<metric>``), NaN for a failed job: what Optuna minimises.
+Every run logs its output folder when it starts and ends; a job's marker also holds its launch id,
+``started_unix`` / ``ended_unix`` and its ``devices`` (``record_devices``, called by ``train.run``
+once the trainer and model exist).
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from laplace_lab.sweeps.devices import device_record
 from laplace_lab.sweeps.status import (
     ENTRY,
     config_fingerprint,
-    current_launch_id,
     git_state,
     hardware,
     is_finished,
+    job_launch_id,
     now_iso,
     read_status,
     write_status,
@@ -62,13 +66,31 @@ def _is_multirun() -> bool:
 RunFn = Callable[[DictConfig, Path], dict[str, float]]
 
 
+def record_devices(output_dir: Path, trainer=None, module=None) -> dict:
+    """Write the run's devices (``devices.device_record``) into its ``status.json`` and log them."""
+    record = device_record(trainer, module)
+    write_status(output_dir, devices=record)
+    log.info("Devices: %s", ", ".join(f"{k}={v}" for k, v in record.items()))
+    return record
+
+
 def run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
-    """Run ``run_fn(cfg, output_dir)`` (skipping finished multirun jobs); return the objective."""
+    """Run ``run_fn(cfg, output_dir)`` (skipping finished multirun jobs); return the objective.
+
+    The output folder is logged when the run starts and when it ends (finished, skipped or failed)."""
+    log.info("Output folder: %s", output_dir.resolve())
+    try:
+        return _run_tracked(run_fn, cfg, output_dir)
+    finally:
+        log.info("Run ended; its outputs are in %s", output_dir.resolve())
+
+
+def _run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
     key = objective_key(cfg)
     if not _is_multirun():
         return objective(run_fn(cfg, output_dir), key)
     hc = HydraConfig.get()
-    launch_id = current_launch_id(hc.sweep.dir)
+    launch_id = job_launch_id(hc)
     output_dir.mkdir(parents=True, exist_ok=True)
     fingerprint = config_fingerprint(cfg)
     finished = is_finished(output_dir)
@@ -83,7 +105,8 @@ def run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
         return objective(json.loads((output_dir / "metrics.json").read_text()), key)
     overrides = list(hc.overrides.task)
     previous = write_status(output_dir, state="running", launch_id=launch_id, last_action="ran",
-                            started=now_iso(), ended=None, error=None, traceback=None)
+                            started=now_iso(), started_unix=time.time(), ended=None, ended_unix=None,
+                            error=None, traceback=None, devices=device_record())
     write_status(output_dir, attempts=int(previous.get("attempts") or 0) + 1, job_num=hc.job.num,
                  overrides=overrides, command=" ".join([ENTRY, *map(shlex.quote, overrides)]),
                  git=git_state(), pid=os.getpid(), host=socket.gethostname(), config_hash=fingerprint)
@@ -92,12 +115,12 @@ def run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
     try:
         metrics = run_fn(cfg, output_dir)
     except Exception as err:  # noqa: BLE001 - a failing job must not stop the others
-        write_status(output_dir, state="failed", ended=now_iso(), wall_s=time.perf_counter() - start,
+        write_status(output_dir, state="failed", ended=now_iso(), ended_unix=time.time(), wall_s=time.perf_counter() - start,
                      error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(), hardware=hardware())
         (output_dir / FAILED_FILE).write_text(traceback.format_exc())
         log.error("Job #%s %s FAILED (%s: %s); traceback in %s", hc.job.num, hc.job.override_dirname,
                   type(err).__name__, err, output_dir / "status.json")
         return math.nan
-    write_status(output_dir, state="finished", ended=now_iso(), wall_s=time.perf_counter() - start,
+    write_status(output_dir, state="finished", ended=now_iso(), ended_unix=time.time(), wall_s=time.perf_counter() - start,
                  hardware=hardware())
     return objective(metrics, key)

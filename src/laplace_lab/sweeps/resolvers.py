@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import hashlib
+from collections.abc import Iterable
 
 from omegaconf import OmegaConf
 
-MAX_SUBDIR_CHARS = 200
+from laplace_lab.sweeps.run_only import job_dirname
 
 
-def job_subdir(override_dirname: str) -> str:
-    """A job's folder name from its override dirname: stable across re-runs of the same multirun.
-
-    ``/`` becomes ``_`` (one level per job), an empty dirname becomes ``default``, and names
-    longer than 200 characters keep their head plus a hash of the whole name.
-    """
-    name = str(override_dirname).replace("/", "_") or "default"
-    if len(name) > MAX_SUBDIR_CHARS:
-        digest = hashlib.sha1(name.encode()).hexdigest()[:12]
-        name = f"{name[:MAX_SUBDIR_CHARS - 13]}-{digest}"
-    return name
+def job_subdir(overrides: Iterable[str]) -> str:
+    """A job's folder name from its task overrides (``hydra:overrides.task``): stable across
+    re-runs of the same multirun, run-only keys left out, values normalised (``run_only.job_dirname``)."""
+    return job_dirname(list(overrides))
 
 
 def gpus_per_job() -> int:

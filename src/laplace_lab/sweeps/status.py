@@ -5,8 +5,10 @@ is ``finished``; ``running`` (killed jobs keep it) and ``failed`` (with the trac
 again by the next launch of the same multirun. The marker also stores ``config_hash``
 (``config_fingerprint``): a finished job whose config has changed since (e.g. an edited preset,
 which does not change the folder name) is run again rather than skipped. ``<sweep dir>/launches.jsonl`` has one line per
-launch (id, command, start time); a job stamps the current launch id into its marker, which is how
-the end-of-sweep summary tells this launch's jobs from older ones.
+launch (id, command, start time); each job stamps the id of the launch that started it (handed to
+it in its config, ``job_launch_id``) into its marker, which is how the end-of-sweep summary tells
+this launch's jobs from older ones. ``status.json["devices"]`` records the job's devices
+(``read_devices``).
 """
 
 from __future__ import annotations
@@ -24,32 +26,27 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+# RUN_ONLY_KEYS / RUN_ONLY_SUBKEYS are re-exported: the one list lives in sweeps.run_only.
+from laplace_lab.sweeps.run_only import RUN_ONLY_KEYS, RUN_ONLY_SUBKEYS, strip_run_only  # noqa: F401
+
 STATUS_FILE = "status.json"
 LAUNCH_LOG = "launches.jsonl"
 SUMMARY_FILE = "summary.json"
 STATES = ("running", "finished", "failed")
 REPO_ROOT = Path(__file__).resolve().parents[3]
 ENTRY = "python -m laplace_lab.train"
-
-
-# Config keys that do not change a run's result (where it writes, how it logs, thread count):
-# left out of ``config_fingerprint``, as ``hydra.job.config.override_dirname.exclude_keys`` keeps
-# them out of the job's folder name.
-RUN_ONLY_KEYS = ("paths", "logger", "aggregate", "experiment_name", "map_cache", "torch_num_threads")
-RUN_ONLY_SUBKEYS = {"trainer": ("enable_progress_bar", "enable_model_summary", "log_every_n_steps"),
-                    "evaluation": ("progress",), "data": ("data_dir",)}
+# Set (through ``hydra.job.env_set``) by the SweepSummary callback for every job of a launch.
+LAUNCH_ENV = "LAPLACE_LAB_LAUNCH_ID"
+# ``status.json["devices"]``: what the job was given and used (``sweeps.devices.device_record``).
+DEVICE_FIELDS = ("cuda_visible_devices", "torch_device", "accelerator", "device_ids", "cuda_device_names")
 
 
 def config_fingerprint(cfg: Any) -> str:
-    """Stable hash of the resolved job config less ``RUN_ONLY_KEYS`` / ``RUN_ONLY_SUBKEYS``."""
+    """Stable hash of the resolved job config less its run-only keys (``run_only.strip_run_only``)."""
     from omegaconf import OmegaConf
 
     data = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
-    data = {k: v for k, v in data.items() if k not in RUN_ONLY_KEYS}
-    for key, subkeys in RUN_ONLY_SUBKEYS.items():
-        if isinstance(data.get(key), dict):
-            data[key] = {k: v for k, v in data[key].items() if k not in subkeys}
-    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(strip_run_only(data), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def now_iso() -> str:
@@ -94,12 +91,17 @@ def launch_command(argv: list[str] | None = None) -> str:
     return " ".join([head, *map(shlex.quote, argv[1:])]) if argv else ENTRY
 
 
-def record_launch(sweep_dir: str | Path) -> dict[str, Any]:
-    """Append a new launch (id, command, cwd, start time, host) to ``<sweep dir>/launches.jsonl``."""
+def new_launch() -> dict[str, Any]:
+    """A new launch record: id, start time, command, cwd, host."""
+    return {"launch_id": uuid.uuid4().hex[:12], "started": now_iso(), "command": launch_command(),
+            "cwd": os.getcwd(), "host": socket.gethostname()}
+
+
+def record_launch(sweep_dir: str | Path, launch: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Append ``launch`` (default: a ``new_launch()``) to ``<sweep dir>/launches.jsonl``; returns it."""
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    launch = {"launch_id": uuid.uuid4().hex[:12], "started": now_iso(), "command": launch_command(),
-              "cwd": os.getcwd(), "host": socket.gethostname()}
+    launch = launch or new_launch()
     with open(sweep_dir / LAUNCH_LOG, "a") as f:
         f.write(json.dumps(launch) + "\n")
     return launch
@@ -112,9 +114,26 @@ def read_launches(sweep_dir: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def current_launch_id(sweep_dir: str | Path) -> str | None:
-    launches = read_launches(sweep_dir)
-    return launches[-1]["launch_id"] if launches else None
+def job_launch_id(hydra_cfg: Any) -> str | None:
+    """The id of the launch that started this job: ``hydra.job.env_set.LAPLACE_LAB_LAUNCH_ID`` (set
+    per launch by the SweepSummary callback, so concurrent launches cannot mix them up), else the
+    environment variable; None when the callback is off."""
+    env_set = hydra_cfg.job.get("env_set") or {}
+    return env_set.get(LAUNCH_ENV) or os.environ.get(LAUNCH_ENV)
+
+
+def read_devices(job_dir: str | Path) -> dict[str, str | None]:
+    """The job's devices as text, one entry per ``DEVICE_FIELDS`` (None where not recorded), for
+    grouping or reporting by device (``tables``): e.g. ``{"cuda_visible_devices": "2",
+    "torch_device": "cuda:0", "accelerator": "cuda", "device_ids": "0", "cuda_device_names": "NVIDIA H100"}``."""
+    devices = (read_status(job_dir) or {}).get("devices") or {}
+
+    def text(value: Any) -> str | None:
+        if value is None:
+            return None
+        return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+    return {key: text(devices.get(key)) for key in DEVICE_FIELDS}
 
 
 # Ignored files under these folders are part of the package (a data loader, a config) and make

@@ -108,6 +108,7 @@ def fit_members(cfg: DictConfig, output_dir: Path, member0, la0, train_fn: Train
     for k in range(1, int(cfg.ensemble.size)):
         mcfg = member_config(cfg, k)
         datamodule, module, _, m = train_fn(mcfg, output_dir / f"member_{k}", [])
+        module.to(next(member0.parameters()).device)  # Lightning's teardown leaves it on the CPU
         metrics["ensemble/fit_s"] += m["time/fit_s"]
         metrics["ensemble/cache_hits"] += m.get("map_cache/hit", 0.0)
         if "val/nll" in m:

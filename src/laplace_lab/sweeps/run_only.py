@@ -1,0 +1,119 @@
+"""The one list of *run-only* config keys, and job/sweep folder names built without them.
+
+A run-only key changes where or how a run writes, logs or is scheduled, never its result:
+output paths, loggers, thread counts, checkpoint paths, the MAP cache switch, progress bars.
+Three things ignore them, all through this module:
+
+- job folder names (``job_dirname``, the ``lab_job_subdir`` resolver of ``conf/train.yaml``) and
+  sweep folder names (``sweep_dirname``): relaunching with ``torch_num_threads=4`` finds the jobs
+  finished with 1 thread;
+- the sweep's config hash (``sweeps.status.config_fingerprint``): a finished job is not re-run;
+- the MAP-cache key (``training.map_cache``).
+
+``RUN_ONLY_KEYS`` are top-level keys dropped whole; ``RUN_ONLY_SUBKEYS[group]`` are keys dropped
+inside a group. Override values are normalised in names (``1``, ``1.0`` and ``1e0`` are one job:
+``normalize_value``; ``normalize_text`` for a value as typed, for table group keys), so one value
+never makes two folders or two table rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable
+from typing import Any
+
+RUN_ONLY_KEYS = ("paths", "logger", "aggregate", "experiment_name", "map_cache", "torch_num_threads")
+RUN_ONLY_SUBKEYS = {
+    "trainer": ("enable_progress_bar", "enable_model_summary", "log_every_n_steps"),
+    "evaluation": ("progress",),
+    "data": ("data_dir",),
+    "checkpoint": ("dirpath", "resume_from", "every_n_epochs", "enabled"),
+}
+# Command-line keys that are not config values but still never name a job: the preset choice
+# (the sweep folder is named by it) and Hydra's own groups.
+RUN_ONLY_OVERRIDES = ("experiment", "hydra")
+MAX_NAME_CHARS = 200
+
+
+def strip_run_only(data: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a resolved config (plain dict) without its run-only keys."""
+    out = {k: v for k, v in data.items() if k not in RUN_ONLY_KEYS}
+    for key, subkeys in RUN_ONLY_SUBKEYS.items():
+        if isinstance(out.get(key), dict):
+            out[key] = {k: v for k, v in out[key].items() if k not in subkeys}
+    return out
+
+
+def is_run_only(key: str) -> bool:
+    """Whether a (dotted) override key, e.g. ``logger.wandb.enabled`` or ``+torch_num_threads``, is run-only."""
+    key = key.lstrip("+~").split("@", 1)[0]
+    head, _, rest = key.partition(".")
+    if head in RUN_ONLY_KEYS or head in RUN_ONLY_OVERRIDES or head.startswith("hydra/"):
+        return True
+    return bool(rest) and rest.split(".", 1)[0] in RUN_ONLY_SUBKEYS.get(head, ())
+
+
+def normalize_value(value: Any) -> Any:
+    """Numbers in one canonical spelling: integral values as ints (``1.0`` -> ``1``), other floats
+    by ``repr`` (``1e-3`` -> ``0.001``); everything else unchanged."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 1e15:
+        return int(value)
+    return value
+
+
+def _value_text(override) -> str:
+    """The value of a parsed override as text, numbers normalised (sweeps and lists as typed)."""
+    if override.is_sweep_override():
+        return override.input_line.split("=", 1)[1]
+    value = override.value()
+    normalized = normalize_value(value)
+    return str(normalized) if normalized is not value else override.get_value_element_as_str()
+
+
+def normalize_text(value: str) -> str:
+    """One override value as typed (``"1.0"``, ``"1e-3"``) in its canonical spelling (``"1"``,
+    ``"0.001"``): for grouping jobs by override values (``tables``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return _value_text(OverridesParser.create().parse_override(f"key={value}"))
+
+
+def normalized_overrides(overrides: Iterable[str]) -> list[str]:
+    """``key=value`` lines of the overrides that are not run-only, values normalised, sorted.
+
+    Sweep overrides (``seed=0,1``) are kept as typed; Hydra's parser reads quoting and types."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    lines = []
+    for override in OverridesParser.create().parse_overrides([str(o) for o in overrides]):
+        if is_run_only(override.get_key_element()):
+            continue
+        if override.is_delete():
+            lines.append(override.input_line)
+            continue
+        lines.append(f"{override.get_key_element()}={_value_text(override)}")
+    return sorted(lines)
+
+
+def safe_name(name: str, empty: str) -> str:
+    """One path component: ``/`` becomes ``_``, ``empty`` when blank, long names cut with a hash."""
+    name = str(name).replace("/", "_") or empty
+    if len(name) > MAX_NAME_CHARS:
+        digest = hashlib.sha1(name.encode()).hexdigest()[:12]
+        name = f"{name[:MAX_NAME_CHARS - 13]}-{digest}"
+    return name
+
+
+def job_dirname(overrides: Iterable[str]) -> str:
+    """A job's folder name from its task overrides (``default`` when none is left)."""
+    return safe_name(",".join(normalized_overrides(overrides)), "default")
+
+
+def sweep_dirname(overrides: Iterable[str]) -> str:
+    """A sweep's folder name from the command's task overrides: ``multirun`` when only run-only
+    keys (and the preset) are given, else ``multirun_<overrides>``."""
+    name = ",".join(normalized_overrides(overrides))
+    return safe_name(f"multirun_{name}", "multirun") if name else "multirun"
