@@ -93,3 +93,13 @@ def test_peer_reference_script_runs_one_split(data_dir):
     assert all(math.isfinite(row[k]) for k in ("test_la_ll", "test_map_ll", "sigma_noise", "prior_precision_mean"))
     text = peer.summary([{k: str(v) for k, v in row.items()}])
     assert "yacht | 1 |" in text and "metric: test/la/ll" in text
+
+
+def test_adversarial_reuses_the_redux_map_networks():
+    from laplace_lab.training.map_cache import cache_key
+
+    for seed in (0, 2):
+        redux = compose_config(["experiment=redux_mnist", "method=la", f"seed={seed}"])
+        adversarial = compose_config(["experiment=adversarial_mnist", "method=diag", f"seed={seed}"])
+        assert cache_key(redux) == cache_key(adversarial)
+    assert cache_key(redux) != cache_key(compose_config(["experiment=redux_mnist", "seed=2", "prior.prior_precision=1"]))
