@@ -34,7 +34,7 @@ SMOKE = {
     "immer2021_images": ['hydra.sweeper.params.data="mnist,fashion_mnist"', 'hydra.sweeper.params.model="lenet"',
                          'hydra.sweeper.params.seed="0,1"', "trainer.max_epochs=1", "data.n_train_subset=256",
                          "trainer.limit_val_batches=1", "marglik.n_steps=2", "marglik.burnin=0"],
-    "immer2021_images_cpu": ['hydra.sweeper.params.data="mnist"', 'hydra.sweeper.params.model="lenet"',
+    "immer2021_images_cpu": ['hydra.sweeper.params.data="mnist,fashion_mnist"', 'hydra.sweeper.params.model="lenet"',
                              'hydra.sweeper.params.seed="0,1"', "trainer.max_epochs=1", "data.n_train_subset=256",
                              "trainer.limit_val_batches=1", "marglik.n_steps=2", "marglik.burnin=0"],
     "antoran2022": ['hydra.sweeper.params.model="mlp"', 'hydra.sweeper.params.seed="0,1"', "trainer.max_epochs=1",
