@@ -50,6 +50,11 @@ def validate_config(cfg: DictConfig) -> None:
     )
     _require(not (grid and cfg.marglik.mode == "online"),
              "map_grid needs marglik.mode in ['off', 'posthoc'] (online marglik learns the prior precision)")
+    in_loss = cfg.get("prior_in_map_loss", True)
+    _require(isinstance(in_loss, bool), f"prior_in_map_loss must be true or false; got {in_loss!r}")
+    _require(in_loss or (cfg.marglik.mode != "online" and not grid),
+             "prior_in_map_loss=false needs marglik.mode in ['off', 'posthoc'] and map_grid=null (online marglik "
+             "and the weight-decay grid act through the prior term of the loss)")
     validate_laplace_config(cfg)
 
 

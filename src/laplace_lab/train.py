@@ -76,6 +76,7 @@ def build(cfg: DictConfig) -> tuple[LabDataModule, MAPModule]:
         prior_precision=cfg.prior.prior_precision,
         sigma_noise=cfg.sigma_noise,
         temperature=cfg.temperature,
+        prior_in_loss=cfg.prior_in_map_loss,
     )
     return datamodule, module
 

@@ -65,8 +65,16 @@ def test_uci_split_out_of_range(tmp_path, data_dir, no_training):
         ("prior=diagonal", r"prior.structure=.diagonal. does not fit curvature.hessian_structure=.kron."),
         ("curvature.type=hessian", r"curvature.type=.hessian.*allowed"),
         ("model.activation=swish9", r"model.activation='swish9'.*allowed"),
+        ("prior_in_map_loss=maybe", r"prior_in_map_loss must be true or false"),
     ],
 )
 def test_invalid_values(override, pattern, tmp_path, no_training):
     with pytest.raises(ValueError, match=pattern):
         run(compose_config([override, "logger=csv"]), tmp_path)
+
+
+@pytest.mark.parametrize("extra", [["method=online_full"], ["method=map_grid"]])
+def test_map_loss_without_prior_rejects_online_and_grid(extra, tmp_path, no_training):
+    cfg = compose_config(["prior_in_map_loss=false", "logger=csv", *extra])
+    with pytest.raises(ValueError, match=r"prior_in_map_loss=false needs marglik.mode in \['off', 'posthoc'\]"):
+        run(cfg, tmp_path)

@@ -30,6 +30,17 @@ def test_loss_matches_hand_computation():
     assert torch.allclose(loss, nll / 2.0 + prior / 50, rtol=1e-5)
 
 
+def test_loss_without_prior_is_the_nll_alone():
+    delta = torch.tensor([0.5, 1.0, 2.0, 3.0])
+    with_prior = make_module(prior=delta, temperature=2.0)
+    without = make_module(prior=delta, temperature=2.0, prior_in_loss=False)
+    x, y = torch.randn(8, 3), torch.randn(8, 2)
+    nll = summed_nll(without.model(x), y, "regression") / 8
+    assert torch.allclose(without.training_step((x, y), 0), nll / 2.0, rtol=1e-6)
+    assert torch.allclose(with_prior.training_step((x, y), 0) - without.training_step((x, y), 0),
+                          with_prior.prior_term() / 50, rtol=1e-5)
+
+
 def test_diagonal_prior_and_bad_shape():
     module = make_module()
     n_params = sum(p.numel() for p in module.model.parameters())

@@ -4,7 +4,7 @@ training (e.g. the methods of a paper table that share the MAP network of a seed
 The key is a hash of every config value that influences MAP training: data, model, optimizer,
 lr_scheduler, trainer, seed, likelihood, prior (less ``prior.structure``, which only shapes the
 Laplace's prior: training starts every tensor at ``prior.prior_precision``), sigma_noise,
-temperature. Runs with online marglik (which changes training) are never cached.
+temperature, prior_in_map_loss. Runs with online marglik (which changes training) are never cached.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from laplace_lab.training.module import MAPModule
 
 log = logging.getLogger(__name__)
 TRAINING_KEYS = ("data", "model", "optimizer", "lr_scheduler", "trainer", "seed", "likelihood", "prior",
-                 "sigma_noise", "temperature")
+                 "sigma_noise", "temperature", "prior_in_map_loss")
 
 
 def cache_key(cfg: DictConfig) -> str:

@@ -10,7 +10,9 @@ tensor ``g`` (or one per parameter for a diagonal prior). ``N * loss`` is the ne
 Laplace engine's posterior precision ``P = H / (sigma^2 T) + P0``. The prior precisions and,
 for regression, ``log_sigma_noise`` live in buffers so that online marglik can change them
 during training; the optimiser never sees them. Optimiser weight decay must stay 0: the prior
-term is the weight decay (``delta = weight_decay * N`` for plain SGD).
+term is the weight decay (``delta = weight_decay * N`` for plain SGD). With ``prior_in_loss=False``
+the loss is the NLL term alone (plain MSE / cross-entropy training, as in laplace-torch's
+regression example); the prior precision then only enters a post-hoc Laplace.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class MAPModule(pl.LightningModule):
             shape ``[n_param_tensors]`` or ``[n_params]``).
         sigma_noise: initial Gaussian noise std (regression only).
         temperature: ``T`` above.
+        prior_in_loss: ``False`` drops the prior term from the training loss.
     """
 
     def __init__(
@@ -50,6 +53,7 @@ class MAPModule(pl.LightningModule):
         prior_precision: float | torch.Tensor = 1.0,
         sigma_noise: float = 1.0,
         temperature: float = 1.0,
+        prior_in_loss: bool = True,
     ):
         super().__init__()
         if likelihood not in LIKELIHOODS:
@@ -60,6 +64,7 @@ class MAPModule(pl.LightningModule):
         self.likelihood = likelihood
         self.n_data = n_data
         self.temperature = temperature
+        self.prior_in_loss = prior_in_loss
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
         self.n_param_tensors = len(list(model.parameters()))
@@ -116,7 +121,9 @@ class MAPModule(pl.LightningModule):
         else:
             f = self.model(x)
         nll = self.nll(f, y) / len(x)
-        loss = nll / self.temperature + self.prior_term() / self.n_data
+        loss = nll / self.temperature
+        if self.prior_in_loss:
+            loss = loss + self.prior_term() / self.n_data
         self.log_dict({"train/loss": loss, "train/nll": nll}, on_step=False, on_epoch=True, batch_size=len(x))
         return loss
 

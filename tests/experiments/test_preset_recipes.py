@@ -1,0 +1,105 @@
+"""The authors' recipes in the presets: per-method values resolve as documented, every
+experiments/*/reference.yaml names its preset's metrics and rows, and the immer2021_uci peer
+reference script runs (a few epochs on one split)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+import laplace_lab.sweeps  # noqa: F401  (registers the lab_* resolvers)
+from laplace_lab.config_validation import validate_config
+from laplace_lab.sweeps.resolvers import if_equal
+from tests.conftest import CONF_DIR, compose_config
+
+ROOT = Path(__file__).resolve().parents[2]
+REFERENCE_FILES = sorted((ROOT / "experiments").glob("*/reference*.yaml"))
+
+
+def resolved(overrides: list[str]):
+    cfg = compose_config(overrides)
+    validate_config(cfg)
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+def test_if_equal_resolver():
+    assert if_equal("map_grid", "map_grid", 0.1, 0.0) == 0.1
+    assert if_equal("online_full", "map_grid", 0.1, 0.0) == 0.0
+    assert list(if_equal("a", "a", [1, 2], None)) == [1, 2]
+    assert if_equal("b", "a", [1, 2], None) is None
+
+
+def test_immer2021_uci_grid_and_validation_split_only_for_map_grid():
+    online = resolved(["experiment=immer2021_uci", "method=online_full"])
+    assert online.data.val_fraction == 0.0 and online.map_grid is None
+    assert (online.model.activation, online.trainer.max_epochs, online.marglik.frequency, online.marglik.burnin,
+            online.marglik.n_steps) == ("tanh", 1000, 50, 100, 50)
+    grid = resolved(["experiment=immer2021_uci", "method=map_grid"])
+    assert grid.data.val_fraction == 0.1
+    assert list(grid.map_grid) == [10.0 ** k for k in range(-4, 5)]
+    # a grid point (train.py sets map_grid=None on a copy) keeps its validation split
+    point = compose_config(["experiment=immer2021_uci", "method=map_grid"]).copy()
+    point.map_grid = None
+    assert point.data.val_fraction == 0.1
+
+
+def test_sinusoid_trains_the_map_without_prior():
+    cfg = resolved(["experiment=sinusoid"])
+    assert cfg.prior_in_map_loss is False and cfg.marglik.n_steps == 1000
+
+
+@pytest.mark.parametrize("path", REFERENCE_FILES, ids=[f"{p.parent.name}/{p.name}" for p in REFERENCE_FILES])
+def test_reference_file_matches_its_preset(path):
+    ref = yaml.safe_load(path.read_text())
+    preset = CONF_DIR / "experiment" / f"{ref['preset']}.yaml"
+    assert preset.is_file(), f"{path}: preset {ref['preset']!r} does not exist"
+    aggregate = compose_config([f"experiment={ref['preset']}"]).aggregate
+    metrics, group_by = set(aggregate.metrics), set(aggregate.group_by)
+    ids = [r["id"] for r in ref["references"]]
+    assert len(ids) == len(set(ids)), f"{path}: duplicate ids"
+    for r in ref["references"]:
+        assert r.get("source"), f"{path}:{r['id']} has no source"
+        sides = [r] if r["kind"] == "value" else [r["lhs"], r["rhs"]]
+        if r["kind"] == "value":
+            assert isinstance(r["value"], (int, float)) and r["tolerance"] >= 0, r["id"]
+        else:
+            assert r["kind"] == "claim" and r["op"] in ("<", "<=", ">", ">=") and r.get("claim"), r["id"]
+        for side in sides:
+            assert side["metric"] in metrics, f"{path}:{r['id']}: {side['metric']} not in the preset's metrics"
+            assert set(side["row"]) <= group_by, f"{path}:{r['id']}: row keys {set(side['row'])} not in {group_by}"
+
+
+def _load_peer_script():
+    path = ROOT / "experiments" / "immer2021" / "laplace_torch_reference.py"
+    spec = importlib.util.spec_from_file_location("laplace_torch_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_peer_reference_script_runs_one_split(data_dir):
+    peer = _load_peer_script()
+    assert peer.parse_splits("0-2") == [0, 1, 2] and peer.parse_splits("1,4") == [1, 4]
+    args = SimpleNamespace(lr=1e-2, epochs=3, lr_hyp=0.1, burnin=1, hyper_steps=2, frequency=1)
+    row = peer.run_one("yacht", 0, 0, str(data_dir), args)
+    assert set(row) == set(peer.FIELDS)
+    assert all(math.isfinite(row[k]) for k in ("test_la_ll", "test_map_ll", "sigma_noise", "prior_precision_mean"))
+    text = peer.summary([{k: str(v) for k, v in row.items()}])
+    assert "yacht | 1 |" in text and "metric: test/la/ll" in text
+
+
+def test_adversarial_reuses_the_redux_map_networks():
+    from laplace_lab.training.map_cache import cache_key
+
+    for seed in (0, 2):
+        redux = compose_config(["experiment=redux_mnist", "method=la", f"seed={seed}"])
+        adversarial = compose_config(["experiment=adversarial_mnist", "method=diag", f"seed={seed}"])
+        assert cache_key(redux) == cache_key(adversarial)
+    assert cache_key(redux) != cache_key(compose_config(["experiment=redux_mnist", "seed=2", "prior.prior_precision=1"]))
