@@ -154,8 +154,8 @@ def load_reference(path: str | Path) -> dict[str, Any]:
 
 
 def find_references(preset: str, experiments_dir: str | Path) -> list[dict[str, Any]]:
-    """Every validated ``<experiments_dir>/*/reference.yaml`` whose ``preset`` is ``preset``."""
-    files = [load_reference(p) for p in sorted(Path(experiments_dir).glob("*/reference.yaml"))]
+    """Every validated ``<experiments_dir>/*/reference*.yaml`` whose ``preset`` is ``preset``."""
+    files = [load_reference(p) for p in sorted(Path(experiments_dir).glob("*/reference*.yaml"))]
     return [f for f in files if f["preset"] == preset]
 
 

@@ -487,7 +487,7 @@ def reference_markdown(files: list[dict[str, Any]], preset: str | None, rows: li
     """The "Reference numbers" section (verdicts), or a line saying that no file names the preset."""
     if not files:
         return ["", "## Reference numbers", "",
-                f"No `experiments/*/reference.yaml` names preset `{preset}`: no verdicts."]
+                f"No `experiments/*/reference*.yaml` names preset `{preset}`: no verdicts."]
     entries = [e for f in files for e in f["references"]]
     shown = [portable_path(f["path"], [EXPERIMENTS_DIR.parent, Path.cwd()]) for f in files]
     return ref.to_markdown(ref.verdicts(entries, rows, group_by), shown)
