@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
+from laplace_lab.config_values import validate_values
+
 LIKELIHOOD_CHOICES = ("auto", "classification", "regression", "heteroscedastic_regression")
 SUBSETS = ("all", "last_layer")
 STRUCTURES = ("full", "diag", "kron", "lowrank")
@@ -25,7 +27,9 @@ def _require(condition: bool, message: str) -> None:
 
 
 def validate_config(cfg: DictConfig) -> None:
-    """Reject invalid option values and combinations of the root config and its groups."""
+    """Reject invalid option values and combinations of the root config and its groups
+    (first the per-value checks of ``laplace_lab.config_values``: finite, in range, typed, known keys)."""
+    validate_values(cfg)
     _require(cfg.likelihood in LIKELIHOOD_CHOICES,
              f"likelihood={cfg.likelihood!r} is not supported; allowed: {list(LIKELIHOOD_CHOICES)}")
     _require(isinstance(cfg.seed, int) and cfg.seed >= 0, f"seed must be a non-negative integer; got {cfg.seed!r}")

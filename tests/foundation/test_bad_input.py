@@ -61,7 +61,7 @@ def test_uci_split_out_of_range(tmp_path, data_dir, no_training):
     [
         ("optimizer.weight_decay=0.01", r"optimizer.weight_decay.*allowed: 0"),
         ("likelihood=poisson", r"likelihood='poisson'.*allowed"),
-        ("prior.prior_precision=-1", r"prior.prior_precision must be a positive"),
+        ("prior.prior_precision=-1", r"prior.prior_precision must be > 0; got -1"),
         ("prior=diagonal", r"prior.structure=.diagonal. does not fit curvature.hessian_structure=.kron."),
         ("curvature.type=hessian", r"curvature.type=.hessian.*allowed"),
         ("model.activation=swish9", r"model.activation='swish9'.*allowed"),
@@ -70,3 +70,40 @@ def test_uci_split_out_of_range(tmp_path, data_dir, no_training):
 def test_invalid_values(override, pattern, tmp_path, no_training):
     with pytest.raises(ValueError, match=pattern):
         run(compose_config([override, "logger=csv"]), tmp_path)
+
+
+@pytest.mark.parametrize(
+    "overrides,pattern",
+    [
+        (["sigma_noise=inf"], r"sigma_noise=inf is not a finite number"),
+        (["optimizer.lr=nan"], r"optimizer.lr=nan is not a finite number"),
+        (["temperature=-inf"], r"temperature=-inf is not a finite number"),
+        (["marglik=online", "marglik.lr_hyp=nan"], r"marglik.lr_hyp=nan is not a finite number"),
+        (["prior.prior_precision=inf"], r"prior.prior_precision=inf is not a finite number"),
+        (["optimizer.lr=0"], r"optimizer.lr must be > 0; got 0 \(allowed: numbers in \(0, inf\)\)"),
+        (["trainer.max_epochs=1.5"], r"trainer.max_epochs must be >= 1 or null; got 1.5 \(allowed: integers"),
+        (["data.batch_size=0"], r"data.batch_size must be >= 1; got 0 \(allowed: integers in \[1, inf\)\)"),
+        (["model.widths='50'"], r"model.widths='50' has the wrong type: got a str; allowed: a list"),
+        (["model.widths=[50,'a']"], r"model.widths=\[50, 'a'\] must be a list of integers"),
+        (["marglik=online", "marglik.n_steps=abc"], r"marglik.n_steps='abc' has the wrong type.*allowed: a number"),
+        (["+marglik.typo=1"], r"marglik.typo is not a known option of the marglik group; allowed: \[.*'lr_hyp'"),
+        (["data=uci", "+data.kind=moons"], r"data.kind is not a known option of the data group; allowed: \[.*'split'"),
+        (["+optimizer.lrr=0.1"], r"optimizer.lrr is not a known option.*allowed: \[.*'lr'"),
+        (["model._target_=os.system"], r"model._target_='os.system' is not allowed; allowed: classes under \['laplace_lab."),
+        (["++optimizer._target_=subprocess.Popen"], r"optimizer._target_='subprocess.Popen' is not allowed"),
+    ],
+)
+def test_invalid_values_fail_before_data(overrides, pattern, tmp_path, no_training, monkeypatch):
+    """Non-finite / out-of-range numbers, mistyped lists, unknown keys (also added with ``+``) and
+    foreign ``_target_`` classes fail before the data module is even built."""
+    monkeypatch.setattr(train_mod, "instantiate", lambda *a, **k: pytest.fail("data or model built before the error"))
+    with pytest.raises(ValueError, match=pattern):
+        run(compose_config([*overrides, "logger=csv"]), tmp_path)
+
+
+def test_known_extra_keys_are_accepted(tmp_path):
+    """Keys that the target takes (``+trainer.check_val_every_n_epoch``, ``+optimizer.betas``) pass."""
+    from laplace_lab.config_validation import validate_config
+
+    validate_config(compose_config(["+trainer.check_val_every_n_epoch=5", "+optimizer.betas=[0.9,0.99]",
+                                    "marglik=online", "+marglik.evidence_point=weights"]))
