@@ -18,6 +18,7 @@ MARGLIK_MODES = ("off", "online", "posthoc")
 POSTHOC_PRIOR = ("none", "marglik", "gridsearch")
 EVIDENCE_POINTS = ("weights", "linear_mode")
 PRED_TYPES = ("map", "glm", "nn")
+NONFINITE_LOSS = ("error", "skip")
 LINKS = ("probit", "mc", "bridge")
 
 
@@ -44,6 +45,7 @@ def validate_config(cfg: DictConfig) -> None:
     )
     _require(cfg.trainer.max_epochs is None or cfg.trainer.max_epochs >= 1,
              f"trainer.max_epochs must be >= 1; got {cfg.trainer.max_epochs}")
+    _choice(cfg, "on_nonfinite_loss", NONFINITE_LOSS)
     threads = cfg.get("torch_num_threads")
     _require(threads is None or (isinstance(threads, int) and threads >= 1),
              f"torch_num_threads must be null or a positive integer; got {threads!r}")

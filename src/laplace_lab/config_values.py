@@ -76,6 +76,8 @@ RANGES: dict[str, tuple[str, float, float, bool, bool]] = {
     "marglik.linear_mode.cg_max_iter": ("int", 1, INF, True, False),
     "checkpoint.every_n_epochs": ("int", 1, INF, True, False),
 }
+# Shown beside the option's name where the name alone is terse.
+DESCRIPTIONS = {"optimizer.lr": " (the learning rate)", "prior.prior_precision": " (the prior precision delta)"}
 
 
 def _fail(message: str) -> None:
@@ -117,7 +119,7 @@ def check_ranges(data: Mapping) -> None:
             bounds = (">= " if lo_incl else "> ") + f"{lo}" + ("" if hi == INF else f" and <= {hi}")
             interval = ("[" if lo_incl else "(") + f"{lo}, " + ("inf)" if hi == INF else f"{hi}]")
             what = "integers" if kind == "int" else "numbers"
-            _fail(f"{key} must be {bounds}{' or null' if nullable else ''}; got {value!r} (allowed: {what} in {interval})")
+            _fail(f"{key}{DESCRIPTIONS.get(key, '')} must be {bounds}{' or null' if nullable else ''}; got {value!r} (allowed: {what} in {interval})")
 
 
 def _select(data: Mapping, key: str) -> tuple[Any, bool]:

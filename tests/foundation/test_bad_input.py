@@ -61,7 +61,7 @@ def test_uci_split_out_of_range(tmp_path, data_dir, no_training):
     [
         ("optimizer.weight_decay=0.01", r"optimizer.weight_decay.*allowed: 0"),
         ("likelihood=poisson", r"likelihood='poisson'.*allowed"),
-        ("prior.prior_precision=-1", r"prior.prior_precision must be > 0; got -1"),
+        ("prior.prior_precision=-1", r"prior.prior_precision \(the prior precision delta\) must be > 0; got -1"),
         ("prior=diagonal", r"prior.structure=.diagonal. does not fit curvature.hessian_structure=.kron."),
         ("curvature.type=hessian", r"curvature.type=.hessian.*allowed"),
         ("model.activation=swish9", r"model.activation='swish9'.*allowed"),
@@ -80,7 +80,7 @@ def test_invalid_values(override, pattern, tmp_path, no_training):
         (["temperature=-inf"], r"temperature=-inf is not a finite number"),
         (["marglik=online", "marglik.lr_hyp=nan"], r"marglik.lr_hyp=nan is not a finite number"),
         (["prior.prior_precision=inf"], r"prior.prior_precision=inf is not a finite number"),
-        (["optimizer.lr=0"], r"optimizer.lr must be > 0; got 0 \(allowed: numbers in \(0, inf\)\)"),
+        (["optimizer.lr=0"], r"optimizer.lr \(the learning rate\) must be > 0; got 0 \(allowed: numbers in \(0, inf\)\)"),
         (["trainer.max_epochs=1.5"], r"trainer.max_epochs must be >= 1 or null; got 1.5 \(allowed: integers"),
         (["data.batch_size=0"], r"data.batch_size must be >= 1; got 0 \(allowed: integers in \[1, inf\)\)"),
         (["model.widths='50'"], r"model.widths='50' has the wrong type: got a str; allowed: a list"),

@@ -38,6 +38,8 @@ class MAPModule(pl.LightningModule):
             shape ``[n_param_tensors]`` or ``[n_params]``).
         sigma_noise: initial Gaussian noise std (regression only).
         temperature: ``T`` above.
+        on_nonfinite_loss: ``error`` (raise ``FloatingPointError`` naming epoch and batch) or
+            ``skip`` (no update from that batch; counted in ``n_skipped_batches``).
     """
 
     def __init__(
@@ -50,12 +52,17 @@ class MAPModule(pl.LightningModule):
         prior_precision: float | torch.Tensor = 1.0,
         sigma_noise: float = 1.0,
         temperature: float = 1.0,
+        on_nonfinite_loss: str = "error",
     ):
         super().__init__()
         if likelihood not in LIKELIHOODS:
             raise ValueError(f"likelihood={likelihood!r} is not supported; allowed: {list(LIKELIHOODS)}")
         if n_data <= 0 or temperature <= 0 or sigma_noise <= 0:
             raise ValueError("n_data, temperature and sigma_noise must be positive")
+        if on_nonfinite_loss not in ("error", "skip"):
+            raise ValueError(f"on_nonfinite_loss={on_nonfinite_loss!r} is not supported; allowed: ['error', 'skip']")
+        self.on_nonfinite_loss = on_nonfinite_loss
+        self.n_skipped_batches = 0
         self.model = model
         self.likelihood = likelihood
         self.n_data = n_data
@@ -117,6 +124,14 @@ class MAPModule(pl.LightningModule):
             f = self.model(x)
         nll = self.nll(f, y) / len(x)
         loss = nll / self.temperature + self.prior_term() / self.n_data
+        if not torch.isfinite(loss):  # one host sync per step: a NaN must not train on silently
+            if self.on_nonfinite_loss == "error":
+                raise FloatingPointError(
+                    f"non-finite training loss {loss.item()} (train/nll={nll.item()}) at epoch {self.current_epoch}, "
+                    f"batch {batch_idx}: the run stops (on_nonfinite_loss=error). Lower optimizer.lr, check the data, "
+                    "or set on_nonfinite_loss=skip to skip such batches")
+            self.n_skipped_batches += 1
+            return None  # Lightning skips backward and the optimiser step
         self.log_dict({"train/loss": loss, "train/nll": nll}, on_step=False, on_epoch=True, batch_size=len(x))
         return loss
 
