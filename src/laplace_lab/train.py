@@ -128,13 +128,13 @@ def train_map(cfg: DictConfig, output_dir: Path, loggers) -> tuple[LabDataModule
     trainer = pl.Trainer(**cfg.trainer, logger=loggers, default_root_dir=str(output_dir), callbacks=callbacks,
                          enable_checkpointing=cfg.checkpoint.enabled)
     start = time.perf_counter()
-    cached = map_cache.cache_path(cfg)
+    cached = map_cache.cache_path(cfg, datamodule)
     if map_cache.load(module, cached):
         datamodule.setup("fit")
         metrics = {"time/fit_s": 0.0, "map_cache/hit": 1.0}
     else:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.checkpoint.resume_from)
-        map_cache.save(module, cached)
+        map_cache.save(module, cached, map_cache.key_contents(cfg, datamodule) if cached else None)
         metrics = {"time/fit_s": time.perf_counter() - start}
     if "val/nll" in trainer.callback_metrics:
         metrics["val/nll"] = float(trainer.callback_metrics["val/nll"])

@@ -61,6 +61,11 @@ class UCIDataModule(LabDataModule):
         self.val_fraction = val_fraction
         self._load()
 
+    def data_files(self) -> list[Path]:
+        """The files this split is read from (the MAP cache fingerprints them)."""
+        return [self.root / f for f in ("data.txt", "index_features.txt", "index_target.txt",
+                                        f"index_train_{self.split}.txt", f"index_test_{self.split}.txt")]
+
     def _load(self) -> None:
         data = load_table(self.root / "data.txt")  # finite, rectangular; errors name the file and line
         features = load_index(self.root / "index_features.txt", data.shape[1])

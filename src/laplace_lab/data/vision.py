@@ -195,6 +195,10 @@ class VisionDataModule(LabDataModule):
                 self.ood_skipped.append(ood_name)
         self._loaded = False
 
+    def data_files(self) -> list[Path]:
+        """The training and test files of ``name`` (the MAP cache fingerprints them)."""
+        return [self.root / f for f in VISION_DATASETS[self.name].files]
+
     def setup(self, stage: str | None = None) -> None:
         if self._loaded:
             return

@@ -24,6 +24,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from laplace_lab import run_only
+
 STATUS_FILE = "status.json"
 LAUNCH_LOG = "launches.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -32,12 +34,9 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 ENTRY = "python -m laplace_lab.train"
 
 
-# Config keys that do not change a run's result (where it writes, how it logs, thread count):
-# left out of ``config_fingerprint``, as ``hydra.job.config.override_dirname.exclude_keys`` keeps
-# them out of the job's folder name.
-RUN_ONLY_KEYS = ("paths", "logger", "aggregate", "experiment_name", "map_cache", "torch_num_threads")
-RUN_ONLY_SUBKEYS = {"trainer": ("enable_progress_bar", "enable_model_summary", "log_every_n_steps"),
-                    "evaluation": ("progress",), "data": ("data_dir",)}
+# Config keys that do not change a run's result: one list (laplace_lab.run_only) for this hash,
+# the MAP cache key and hydra.job.config.override_dirname.exclude_keys (job folder names).
+RUN_ONLY_KEYS, RUN_ONLY_SUBKEYS = run_only.RUN_ONLY_KEYS, run_only.RUN_ONLY_SUBKEYS
 
 
 def config_fingerprint(cfg: Any) -> str:
@@ -45,10 +44,7 @@ def config_fingerprint(cfg: Any) -> str:
     from omegaconf import OmegaConf
 
     data = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
-    data = {k: v for k, v in data.items() if k not in RUN_ONLY_KEYS}
-    for key, subkeys in RUN_ONLY_SUBKEYS.items():
-        if isinstance(data.get(key), dict):
-            data[key] = {k: v for k, v in data[key].items() if k not in subkeys}
+    data = run_only.strip_run_only(data)
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
