@@ -31,6 +31,7 @@ from laplace_lab.training import MAPModule, map_cache
 from laplace_lab.training.online_marglik import OnlineMarglik
 from laplace_lab.training.posthoc import fit_posthoc_laplace, laplace_kwargs, needs_posthoc_laplace
 from laplace_lab.training.predictors import laplace_predictor, map_predictor
+from laplace_lab.training.resume import check_resume, run_identity
 
 log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -123,7 +124,10 @@ def train_map(cfg: DictConfig, output_dir: Path, loggers) -> tuple[LabDataModule
     """Seed, build and train (or load from the MAP cache) one network; returns its final metrics
     ``time/fit_s`` and ``val/nll`` (the last validation NLL, the objective of sweeps)."""
     pl.seed_everything(cfg.seed, workers=True)
+    if cfg.checkpoint.resume_from:
+        check_resume(cfg, cfg.checkpoint.resume_from)
     datamodule, module = build(cfg)
+    module.run_identity = run_identity(cfg)
     callbacks = build_callbacks(cfg, output_dir)
     trainer = pl.Trainer(**cfg.trainer, logger=loggers, default_root_dir=str(output_dir), callbacks=callbacks,
                          enable_checkpointing=cfg.checkpoint.enabled)

@@ -63,3 +63,23 @@ def test_rejected_hyper_steps_are_counted_and_warned(tmp_path, monkeypatch, capl
     loud = [r.getMessage() for r in caplog.records if "REJECTED" in r.getMessage()]
     assert len(loud) == 2 and "4 of 4 hyper steps" in loud[0]
     assert any("8 of 8 hyper steps were rejected" in r.getMessage() for r in caplog.records)
+
+
+# --- resume checks ----------------------------------------------------------------------------
+RESUME = ["data.n_train=64", "data.n_val=32", "data.n_test=32", "logger=csv", "evaluation=none", "marglik=off",
+          "predictive=map", "trainer.enable_progress_bar=false", "checkpoint.enabled=true"]
+
+
+def test_resume_requires_the_same_seed_data_and_model(tmp_path):
+    run(compose_config([*RESUME, "trainer.max_epochs=1", "seed=0"]), tmp_path / "first")
+    last = tmp_path / "first" / "checkpoints" / "last.ckpt"
+    assert last.is_file()
+    resume = [*RESUME, "trainer.max_epochs=2", f"checkpoint.resume_from={last}"]
+    with pytest.raises(ValueError, match=r"written by a different run.*seed: checkpoint 0, this run 1"):
+        run(compose_config([*resume, "seed=1"]), tmp_path / "other_seed")
+    with pytest.raises(ValueError, match=r"data.n_train: checkpoint 64, this run 48"):
+        run(compose_config([*resume, "data.n_train=48"]), tmp_path / "other_data")
+    with pytest.raises(ValueError, match=r"model.widths: checkpoint \[50\], this run \[20\]"):
+        run(compose_config([*resume, "model.widths=[20]"]), tmp_path / "other_model")
+    metrics = run(compose_config([*resume, "seed=0"]), tmp_path / "same")  # the matching run resumes
+    assert math.isfinite(metrics["val/nll"])

@@ -23,6 +23,8 @@ from torch import nn
 
 from laplace_lab.training.nll import LIKELIHOODS, natural_to_mean_var, summed_nll
 
+RUN_IDENTITY_KEY = "laplace_lab_run_identity"
+
 
 class MAPModule(pl.LightningModule):
     """MAP training of ``model`` under ``likelihood`` with a per-tensor Gaussian prior.
@@ -63,6 +65,9 @@ class MAPModule(pl.LightningModule):
             raise ValueError(f"on_nonfinite_loss={on_nonfinite_loss!r} is not supported; allowed: ['error', 'skip']")
         self.on_nonfinite_loss = on_nonfinite_loss
         self.n_skipped_batches = 0
+        # What a resumed run must share with this one (seed, data, model); set by train.py and
+        # saved in every checkpoint under RUN_IDENTITY_KEY.
+        self.run_identity: dict | None = None
         self.model = model
         self.likelihood = likelihood
         self.n_data = n_data
@@ -151,6 +156,10 @@ class MAPModule(pl.LightningModule):
 
     def test_step(self, batch, batch_idx):
         self._eval_step(batch, "test")
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.run_identity is not None:
+            checkpoint[RUN_IDENTITY_KEY] = self.run_identity
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(self.model.parameters())
