@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
+from laplace_lab.config_values import validate_values
+
 LIKELIHOOD_CHOICES = ("auto", "classification", "regression", "heteroscedastic_regression")
 SUBSETS = ("all", "last_layer")
 STRUCTURES = ("full", "diag", "kron", "lowrank")
@@ -16,6 +18,7 @@ MARGLIK_MODES = ("off", "online", "posthoc")
 POSTHOC_PRIOR = ("none", "marglik", "gridsearch")
 EVIDENCE_POINTS = ("weights", "linear_mode")
 PRED_TYPES = ("map", "glm", "nn")
+NONFINITE_LOSS = ("error", "skip")
 LINKS = ("probit", "mc", "bridge")
 
 
@@ -25,7 +28,9 @@ def _require(condition: bool, message: str) -> None:
 
 
 def validate_config(cfg: DictConfig) -> None:
-    """Reject invalid option values and combinations of the root config and its groups."""
+    """Reject invalid option values and combinations of the root config and its groups
+    (first the per-value checks of ``laplace_lab.config_values``: finite, in range, typed, known keys)."""
+    validate_values(cfg)
     _require(cfg.likelihood in LIKELIHOOD_CHOICES,
              f"likelihood={cfg.likelihood!r} is not supported; allowed: {list(LIKELIHOOD_CHOICES)}")
     _require(isinstance(cfg.seed, int) and cfg.seed >= 0, f"seed must be a non-negative integer; got {cfg.seed!r}")
@@ -40,6 +45,7 @@ def validate_config(cfg: DictConfig) -> None:
     )
     _require(cfg.trainer.max_epochs is None or cfg.trainer.max_epochs >= 1,
              f"trainer.max_epochs must be >= 1; got {cfg.trainer.max_epochs}")
+    _choice(cfg, "on_nonfinite_loss", NONFINITE_LOSS)
     threads = cfg.get("torch_num_threads")
     _require(threads is None or (isinstance(threads, int) and threads >= 1),
              f"torch_num_threads must be null or a positive integer; got {threads!r}")

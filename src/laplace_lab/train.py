@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ from laplace_lab.training import MAPModule, ensemble, map_cache
 from laplace_lab.training.online_marglik import OnlineMarglik
 from laplace_lab.training.posthoc import fit_posthoc_laplace, laplace_kwargs, needs_posthoc_laplace
 from laplace_lab.training.predictors import laplace_predictor, map_predictor
+from laplace_lab.training.resume import check_resume, run_identity
 
 log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -77,6 +79,7 @@ def build(cfg: DictConfig) -> tuple[LabDataModule, MAPModule]:
         sigma_noise=cfg.sigma_noise,
         temperature=cfg.temperature,
         prior_in_loss=cfg.prior_in_map_loss,
+        on_nonfinite_loss=cfg.on_nonfinite_loss,
     )
     return datamodule, module
 
@@ -126,22 +129,54 @@ def train_map(cfg: DictConfig, output_dir: Path, loggers) -> tuple[LabDataModule
     """Seed, build and train (or load from the MAP cache) one network; returns its final metrics
     ``time/fit_s`` and ``val/nll`` (the last validation NLL, the objective of sweeps)."""
     pl.seed_everything(cfg.seed, workers=True)
+    if cfg.checkpoint.resume_from:
+        check_resume(cfg, cfg.checkpoint.resume_from)
     datamodule, module = build(cfg)
+    module.run_identity = run_identity(cfg)
     callbacks = build_callbacks(cfg, output_dir)
     trainer = pl.Trainer(**cfg.trainer, logger=loggers, default_root_dir=str(output_dir), callbacks=callbacks,
                          enable_checkpointing=cfg.checkpoint.enabled)
     start = time.perf_counter()
-    cached = map_cache.cache_path(cfg)
+    cached = map_cache.cache_path(cfg, datamodule)
     if map_cache.load(module, cached):
         datamodule.setup("fit")
         metrics = {"time/fit_s": 0.0, "map_cache/hit": 1.0}
     else:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.checkpoint.resume_from)
-        map_cache.save(module, cached)
+        map_cache.save(module, cached, map_cache.key_contents(cfg, datamodule) if cached else None)
         metrics = {"time/fit_s": time.perf_counter() - start}
     if "val/nll" in trainer.callback_metrics:
         metrics["val/nll"] = float(trainer.callback_metrics["val/nll"])
+    metrics.update(guard_counts(module, trainer))
     return datamodule, module, trainer, metrics
+
+
+def guard_counts(module: MAPModule, trainer: pl.Trainer) -> dict[str, float]:
+    """Skipped batches (``on_nonfinite_loss=skip``) and online marglik's rejected hyper steps,
+    for metrics.json; each non-zero count is also logged as a warning."""
+    counts = {}
+    if module.on_nonfinite_loss == "skip":
+        counts["train/skipped_batches"] = float(module.n_skipped_batches)
+        if module.n_skipped_batches:
+            log.warning("%d training batches had a non-finite loss and were skipped (on_nonfinite_loss=skip)",
+                        module.n_skipped_batches)
+    for callback in trainer.callbacks:
+        if isinstance(callback, OnlineMarglik):
+            counts["marglik/rejected_steps"] = float(callback.n_rejected)
+            counts["marglik/accepted_steps"] = float(callback.hyper_steps_done)
+    return counts
+
+
+class NonFiniteMetricsError(RuntimeError):
+    """The run finished but some final metrics are nan / inf: it is marked failed, not finished."""
+
+
+def check_final_metrics(metrics: dict[str, float], path: Path) -> None:
+    """Raise ``NonFiniteMetricsError`` naming every non-finite metric (already saved in ``path``)."""
+    bad = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not math.isfinite(v)}
+    if bad:
+        raise NonFiniteMetricsError(f"{len(bad)} final metrics are not finite: {bad}; the run counts as failed "
+                                    f"(all metrics are kept in {path})")
 
 
 def validation_nll(module: MAPModule, datamodule: LabDataModule) -> float:
@@ -224,6 +259,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     headline = {k: v for k, v in metrics.items() if k.startswith(("test/", "time/", "hparams/", "laplace/"))}
     print("Final metrics:\n" + "\n".join(f"  {k}: {v:.4f}" for k, v in headline.items()))
+    check_final_metrics(metrics, output_dir / "metrics.json")
     return metrics
 
 

@@ -61,7 +61,7 @@ def test_uci_split_out_of_range(tmp_path, data_dir, no_training):
     [
         ("optimizer.weight_decay=0.01", r"optimizer.weight_decay.*allowed: 0"),
         ("likelihood=poisson", r"likelihood='poisson'.*allowed"),
-        ("prior.prior_precision=-1", r"prior.prior_precision must be a positive"),
+        ("prior.prior_precision=-1", r"prior.prior_precision \(the prior precision delta\) must be > 0; got -1"),
         ("prior=diagonal", r"prior.structure=.diagonal. does not fit curvature.hessian_structure=.kron."),
         ("curvature.type=hessian", r"curvature.type=.hessian.*allowed"),
         ("model.activation=swish9", r"model.activation='swish9'.*allowed"),
@@ -78,3 +78,128 @@ def test_map_loss_without_prior_rejects_online_and_grid(extra, tmp_path, no_trai
     cfg = compose_config(["prior_in_map_loss=false", "logger=csv", *extra])
     with pytest.raises(ValueError, match=r"prior_in_map_loss=false needs marglik.mode in \['off', 'posthoc'\]"):
         run(cfg, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "overrides,pattern",
+    [
+        (["sigma_noise=inf"], r"sigma_noise=inf is not a finite number"),
+        (["optimizer.lr=nan"], r"optimizer.lr=nan is not a finite number"),
+        (["temperature=-inf"], r"temperature=-inf is not a finite number"),
+        (["marglik=online", "marglik.lr_hyp=nan"], r"marglik.lr_hyp=nan is not a finite number"),
+        (["prior.prior_precision=inf"], r"prior.prior_precision=inf is not a finite number"),
+        (["optimizer.lr=0"], r"optimizer.lr \(the learning rate\) must be > 0; got 0 \(allowed: numbers in \(0, inf\)\)"),
+        (["trainer.max_epochs=1.5"], r"trainer.max_epochs must be >= 1 or null; got 1.5 \(allowed: integers"),
+        (["data.batch_size=0"], r"data.batch_size must be >= 1; got 0 \(allowed: integers in \[1, inf\)\)"),
+        (["model.widths='50'"], r"model.widths='50' has the wrong type: got a str; allowed: a list"),
+        (["model.widths=[50,'a']"], r"model.widths=\[50, 'a'\] must be a list of integers"),
+        (["marglik=online", "marglik.n_steps=abc"], r"marglik.n_steps='abc' has the wrong type.*allowed: a number"),
+        (["+marglik.typo=1"], r"marglik.typo is not a known option of the marglik group; allowed: \[.*'lr_hyp'"),
+        (["data=uci", "+data.kind=moons"], r"data.kind is not a known option of the data group; allowed: \[.*'split'"),
+        (["+optimizer.lrr=0.1"], r"optimizer.lrr is not a known option.*allowed: \[.*'lr'"),
+        (["model._target_=os.system"], r"model._target_='os.system' is not allowed; allowed: classes under \['laplace_lab."),
+        (["++optimizer._target_=subprocess.Popen"], r"optimizer._target_='subprocess.Popen' is not allowed"),
+    ],
+)
+def test_invalid_values_fail_before_data(overrides, pattern, tmp_path, no_training, monkeypatch):
+    """Non-finite / out-of-range numbers, mistyped lists, unknown keys (also added with ``+``) and
+    foreign ``_target_`` classes fail before the data module is even built."""
+    monkeypatch.setattr(train_mod, "instantiate", lambda *a, **k: pytest.fail("data or model built before the error"))
+    with pytest.raises(ValueError, match=pattern):
+        run(compose_config([*overrides, "logger=csv"]), tmp_path)
+
+
+def test_known_extra_keys_are_accepted(tmp_path):
+    """Keys that the target takes (``+trainer.check_val_every_n_epoch``, ``+optimizer.betas``) pass."""
+    from laplace_lab.config_validation import validate_config
+
+    validate_config(compose_config(["+trainer.check_val_every_n_epoch=5", "+optimizer.betas=[0.9,0.99]",
+                                    "marglik=online", "+marglik.evidence_point=weights"]))
+
+
+# --- bad data: each error names the file (and row) ------------------------------------------
+@pytest.fixture
+def uci_copy(tmp_path, data_dir):
+    """A writable copy of the yacht set: ``<tmp>/UCI/yacht``; returns the data root."""
+    import shutil
+
+    shutil.copytree(data_dir / "UCI" / "yacht", tmp_path / "data" / "UCI" / "yacht")
+    return tmp_path / "data"
+
+
+def _edit_line(path, line_no, edit):
+    lines = path.read_text().splitlines()
+    lines[line_no - 1] = edit(lines[line_no - 1])
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_uci_nan_cell_names_file_and_line(uci_copy, tmp_path, no_training):
+    data_file = uci_copy / "UCI" / "yacht" / "data.txt"
+    _edit_line(data_file, 7, lambda line: " ".join(["nan", *line.split()[1:]]))
+    cfg = compose_config(["data=uci", f"paths.data_dir={uci_copy}", "logger=csv"])
+    with pytest.raises(ValueError, match=rf"{data_file}: non-finite value nan at line 7, column 1"):
+        run(cfg, tmp_path / "run")
+
+
+@pytest.mark.parametrize("corruption,pattern", [
+    ("truncated_row", r"data.txt: cannot be read as a numeric table"),
+    ("text_cell", r"data.txt: cannot be read as a numeric table"),
+    ("index_out_of_range", r"index_train_0.txt: entry 100000 at position 1 is not a row index; allowed: integers in 0..307"),
+])
+def test_uci_corrupt_files_name_the_file(uci_copy, corruption, pattern):
+    from laplace_lab.data import UCIDataModule
+
+    root = uci_copy / "UCI" / "yacht"
+    if corruption == "truncated_row":
+        _edit_line(root / "data.txt", 12, lambda line: " ".join(line.split()[:3]))
+    elif corruption == "text_cell":
+        _edit_line(root / "data.txt", 12, lambda line: line.replace(line.split()[2], "abc", 1))
+    else:
+        _edit_line(root / "index_train_0.txt", 1, lambda line: "100000")
+    with pytest.raises(ValueError, match=pattern):
+        UCIDataModule(name="yacht", split=0, data_dir=str(uci_copy))
+
+
+@pytest.fixture
+def mnist_copy(tmp_path, data_dir):
+    """``<tmp>/MNIST/raw`` with links to the real files (replace one to corrupt it)."""
+    raw = tmp_path / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    for f in (data_dir / "MNIST" / "raw").iterdir():
+        (raw / f.name).symlink_to(f)
+    return raw
+
+
+def _replace(link, data: bytes):
+    link.unlink()
+    link.write_bytes(data)
+
+
+def test_mnist_truncated_images_name_the_file(mnist_copy):
+    from laplace_lab.data.vision import load_tensors
+
+    images = mnist_copy / "t10k-images-idx3-ubyte"
+    _replace(images, images.read_bytes()[:100_000])
+    with pytest.raises(ValueError, match=rf"{images}: 100000 bytes but its header \(10000, 28, 28\) needs 7840016"):
+        load_tensors("mnist", mnist_copy.parent.parent, train=False)
+    _replace(images, b"garbage!" * 10)
+    with pytest.raises(ValueError, match=rf"{images}: not an idx file"):
+        load_tensors("mnist", mnist_copy.parent.parent, train=False)
+
+
+def test_mnist_label_out_of_range_names_the_file(mnist_copy):
+    from laplace_lab.data.vision import load_tensors
+
+    labels = mnist_copy / "t10k-labels-idx1-ubyte"
+    raw = bytearray(labels.read_bytes())
+    raw[8 + 5] = 12  # row 5 gets label 12 of 10 classes
+    _replace(labels, bytes(raw))
+    with pytest.raises(ValueError, match=rf"{labels}: label 12 in row 5 \(0-based\) is out of range; allowed: 0..9"):
+        load_tensors("mnist", mnist_copy.parent.parent, train=False)
+
+
+def test_generated_data_with_nan_noise_fails():
+    from laplace_lab.data import SinusoidDataModule
+
+    with pytest.raises(ValueError, match=r"generated sinusoid data \(data.noise_std=nan\): non-finite targets in row 0"):
+        SinusoidDataModule(noise_std=float("nan"))

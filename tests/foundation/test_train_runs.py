@@ -94,3 +94,50 @@ def test_map_grid_picks_the_best_validation_nll(tmp_path):
     grid = {0.01: metrics["grid/prior_0.01/val_nll"], 1000.0: metrics["grid/prior_1000/val_nll"]}
     assert metrics["hparams/prior_precision"] == pytest.approx(min(grid, key=grid.get))
     assert metrics["val/nll"] == pytest.approx(min(grid.values()))
+
+
+def test_map_cache_key_is_the_whole_config_less_run_only_keys():
+    from laplace_lab.training import map_cache
+
+    base = compose_config(["map_cache.enabled=true"])
+    same = compose_config(["map_cache.enabled=true", "logger=csv", "torch_num_threads=2", "trainer.enable_progress_bar=false",
+                           "curvature=diag", "predictive=map", "prior=normgroups", "experiment_name=other"])
+    assert map_cache.cache_key(base) == map_cache.cache_key(same)
+    # keys outside the old allow-list of training groups count too (here: the non-finite-loss policy)
+    for changed in (["on_nonfinite_loss=skip"], ["seed=1"], ["model.widths=[20]"], ["trainer.gradient_clip_val=1.0"]):
+        assert map_cache.cache_key(compose_config(["map_cache.enabled=true", *changed])) != map_cache.cache_key(base), changed
+    assert set(map_cache.key_contents(base)["code"]) == {"laplace_lab", "torch", "sources"}
+
+
+def _uci_cache_run(data_root, cache, out):
+    cfg = compose_config(["data=uci", f"paths.data_dir={data_root}", "trainer.max_epochs=1", "logger=csv",
+                          "trainer.enable_progress_bar=false", "marglik=off", "predictive=map", "evaluation=none",
+                          "map_cache.enabled=true", f"map_cache.dir={cache}"])
+    return run(cfg, out)
+
+
+def test_map_cache_is_invalidated_by_a_data_change(tmp_path, data_dir):
+    import shutil
+
+    root = tmp_path / "data"
+    shutil.copytree(data_dir / "UCI" / "yacht", root / "UCI" / "yacht")
+    first = _uci_cache_run(root, tmp_path / "cache", tmp_path / "a")
+    second = _uci_cache_run(root, tmp_path / "cache", tmp_path / "b")
+    assert "map_cache/hit" not in first and second["map_cache/hit"] == 1.0
+    data = root / "UCI" / "yacht" / "data.txt"
+    lines = data.read_text().splitlines()
+    lines[4] = " ".join([*lines[4].split()[:-1], "55.5"])  # one target value changed
+    data.write_text("\n".join(lines) + "\n")
+    third = _uci_cache_run(root, tmp_path / "cache", tmp_path / "c")
+    assert "map_cache/hit" not in third
+    assert len(list((tmp_path / "cache").glob("*.pt"))) == 2 and len(list((tmp_path / "cache").glob("*.json"))) == 2
+
+
+def test_unwritable_map_cache_dir_warns_and_keeps_the_run(tmp_path, caplog):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("a file where the cache folder's parent should be")
+    cfg = compose_config(["trainer.max_epochs=1", "logger=csv", "trainer.enable_progress_bar=false", "evaluation=none",
+                          "map_cache.enabled=true", f"map_cache.dir={blocker / 'cache'}"])
+    metrics = run(cfg, tmp_path / "run")
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text()) == metrics
+    assert any("MAP cache: cannot write" in r.getMessage() for r in caplog.records)

@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from laplace_lab.data.base import LabDataModule
+from laplace_lab.data.checks import check_finite
 
 TOY2D_KINDS = ("linear", "moons", "circles", "blobs")
 
@@ -68,6 +69,8 @@ class Toy2DDataModule(LabDataModule):
         g = torch.Generator().manual_seed(self.seed)
         self.kind = kind
         splits = [make_toy2d(kind, n, noise, g) for n in (n_train, n_val, n_test)]
+        for X, _ in splits:
+            check_finite(X, "inputs", f"generated toy2d data (data.kind={kind!r}, data.noise={noise})")
         self.num_outputs = int(splits[0][1].max()) + 1
         self.train_set, self.val_set, self.test_set = (TensorDataset(*s) for s in splits)
         self.train_tensors = splits[0]
@@ -87,7 +90,8 @@ class SinusoidDataModule(LabDataModule):
         super().__init__(**kwargs)
         g = torch.Generator().manual_seed(self.seed)
         self.noise_std = noise_std
-        self.train_set, self.val_set, self.test_set = (
-            TensorDataset(*make_sinusoid(n, noise_std, g)) for n in (n_train, n_val, n_test)
-        )
+        splits = [make_sinusoid(n, noise_std, g) for n in (n_train, n_val, n_test)]
+        for _, y in splits:
+            check_finite(y, "targets", f"generated sinusoid data (data.noise_std={noise_std})")
+        self.train_set, self.val_set, self.test_set = (TensorDataset(*s) for s in splits)
         self.target_mean, self.target_std = torch.zeros(1), torch.ones(1)

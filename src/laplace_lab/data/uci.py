@@ -16,16 +16,13 @@ import torch
 from torch.utils.data import TensorDataset
 
 from laplace_lab.data.base import LabDataModule
+from laplace_lab.data.checks import load_index, load_table
 
 UCI_DATASETS = (
     "boston-housing", "concrete", "energy", "kin8nm",
     "naval-propulsion-plant", "power-plant", "wine-quality-red", "yacht",
 )
 UCI_FILES = ("data.txt", "index_features.txt", "index_target.txt", "n_splits.txt")
-
-
-def _read_index(path: Path) -> np.ndarray:
-    return np.loadtxt(path, dtype=np.int64, ndmin=1)
 
 
 class UCIDataModule(LabDataModule):
@@ -64,12 +61,17 @@ class UCIDataModule(LabDataModule):
         self.val_fraction = val_fraction
         self._load()
 
+    def data_files(self) -> list[Path]:
+        """The files this split is read from (the MAP cache fingerprints them)."""
+        return [self.root / f for f in ("data.txt", "index_features.txt", "index_target.txt",
+                                        f"index_train_{self.split}.txt", f"index_test_{self.split}.txt")]
+
     def _load(self) -> None:
-        data = np.loadtxt(self.root / "data.txt")
-        features = _read_index(self.root / "index_features.txt")
-        target = _read_index(self.root / "index_target.txt")
-        train_idx = _read_index(self.root / f"index_train_{self.split}.txt")
-        test_idx = _read_index(self.root / f"index_test_{self.split}.txt")
+        data = load_table(self.root / "data.txt")  # finite, rectangular; errors name the file and line
+        features = load_index(self.root / "index_features.txt", data.shape[1])
+        target = load_index(self.root / "index_target.txt", data.shape[1])
+        train_idx = load_index(self.root / f"index_train_{self.split}.txt", len(data))
+        test_idx = load_index(self.root / f"index_test_{self.split}.txt", len(data))
         perm = np.random.default_rng(self.seed).permutation(len(train_idx))
         n_val = int(round(self.val_fraction * len(train_idx)))
         val_idx, train_idx = train_idx[perm[:n_val]], train_idx[perm[n_val:]]

@@ -17,6 +17,7 @@ import torchvision
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from laplace_lab.data.base import LabDataModule, split_off_validation
+from laplace_lab.data.checks import check_finite, check_idx_file, check_labels
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +87,28 @@ def _torchvision_dataset(name: str, root: Path, train: bool, download: bool = Fa
     return cls(root=str(root), train=train, download=download, **kwargs)
 
 
+def _split_files(name: str, root: Path, train: bool) -> list[Path]:
+    """The files of one split: ``[images, labels]`` for the MNIST family (idx files), all otherwise."""
+    files = [root / f for f in VISION_DATASETS[name].files]
+    if files and all("idx" in f.name for f in files):
+        return [f for f in files if ("train-" if train else "t10k-") in f.name]
+    return files
+
+
 def load_tensors(name: str, root: Path, train: bool, fake_size: int = 256) -> TensorDataset:
     """Load a split of ``name`` as a ``TensorDataset`` of float images ``[N, C, H, W]`` in [0, 1]
-    and long labels ``[N]``."""
-    ds = _torchvision_dataset(name, root, train, **({"size": fake_size} if name == "fake_data" else {}))
+    and long labels ``[N]``. Corrupt files, non-finite pixels and labels outside
+    ``0..classes-1`` raise ``ValueError`` naming the file."""
+    files = _split_files(name, root, train)
+    for path in files:
+        if "idx" in path.name:
+            check_idx_file(path)
+    source = ", ".join(map(str, files)) or f"dataset {name!r}"
+    try:
+        ds = _torchvision_dataset(name, root, train, **({"size": fake_size} if name == "fake_data" else {}))
+    except (RuntimeError, ValueError, OSError, EOFError) as err:
+        raise ValueError(f"dataset {name!r}: cannot read {source} ({type(err).__name__}: {err}); the files may "
+                         "be truncated or corrupt: delete them and download them again") from err
     if name == "fake_data":
         X = torch.stack([ds[i][0] for i in range(len(ds))])
         y = torch.as_tensor([int(ds[i][1]) for i in range(len(ds))])
@@ -102,8 +121,14 @@ def load_tensors(name: str, root: Path, train: bool, fake_size: int = 256) -> Te
         data = data[:, None]
     elif data.shape[-1] == 3:  # CIFAR: [N, H, W, C]
         data = data.permute(0, 3, 1, 2)
-    labels = ds.targets if hasattr(ds, "targets") else ds.labels
-    return TensorDataset(data.float().div_(255.0).contiguous(), torch.as_tensor(labels).long())
+    labels = torch.as_tensor(ds.targets if hasattr(ds, "targets") else ds.labels).long()
+    images = data.float().div_(255.0).contiguous()
+    if len(images) != len(labels):
+        raise ValueError(f"dataset {name!r}: {len(images)} images but {len(labels)} labels in {source}")
+    check_finite(images, "pixels", source)
+    idx_labels = [f for f in files if "labels-idx" in f.name]
+    check_labels(labels, VISION_DATASETS[name].classes, str(idx_labels[0]) if idx_labels else source)
+    return TensorDataset(images, labels)
 
 
 class AugmentedDataset(Dataset):
@@ -169,6 +194,10 @@ class VisionDataModule(LabDataModule):
                 log.warning("skipping OOD set %s (data.ood_if_missing=skip): %s", ood_name, err)
                 self.ood_skipped.append(ood_name)
         self._loaded = False
+
+    def data_files(self) -> list[Path]:
+        """The training and test files of ``name`` (the MAP cache fingerprints them)."""
+        return [self.root / f for f in VISION_DATASETS[self.name].files]
 
     def setup(self, stage: str | None = None) -> None:
         if self._loaded:

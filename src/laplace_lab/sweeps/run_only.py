@@ -36,12 +36,14 @@ RUN_ONLY_OVERRIDES = ("experiment", "hydra")
 MAX_NAME_CHARS = 200
 
 
-def strip_run_only(data: dict[str, Any]) -> dict[str, Any]:
-    """A copy of a resolved config (plain dict) without its run-only keys."""
-    out = {k: v for k, v in data.items() if k not in RUN_ONLY_KEYS}
-    for key, subkeys in RUN_ONLY_SUBKEYS.items():
+def strip_run_only(data: dict[str, Any], keys: tuple[str, ...] = RUN_ONLY_KEYS,
+                   subkeys: dict[str, tuple[str, ...]] = RUN_ONLY_SUBKEYS) -> dict[str, Any]:
+    """A copy of a resolved config (plain dict) without ``keys`` and the ``subkeys`` of its groups
+    (by default the run-only ones; the MAP cache passes a longer list)."""
+    out = {k: v for k, v in data.items() if k not in keys}
+    for key, names in subkeys.items():
         if isinstance(out.get(key), dict):
-            out[key] = {k: v for k, v in out[key].items() if k not in subkeys}
+            out[key] = {k: v for k, v in out[key].items() if k not in names}
     return out
 
 

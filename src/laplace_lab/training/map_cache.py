@@ -1,59 +1,120 @@
 """Cache of trained MAP networks, so runs that differ only in their post-hoc Laplace reuse one
 training (e.g. the methods of a paper table that share the MAP network of a seed).
 
-The key is a hash of every config value that influences MAP training: data, model, optimizer,
-lr_scheduler, trainer, seed, likelihood, prior (less ``prior.structure``, which only shapes the
-Laplace's prior: training starts every tensor at ``prior.prior_precision``), sigma_noise,
-temperature, prior_in_map_loss. Runs with online marglik (which changes training) are never cached.
+The key hashes three things:
+
+- the whole resolved config less a deny-list: the run-only keys shared with the sweep's config
+  hash (``laplace_lab.sweeps.run_only``) and the keys that only shape what happens after training
+  (``POSTHOC_ONLY_KEYS``: curvature, predictive, evaluation, post-hoc marglik, ``prior.structure``,
+  which only shapes the Laplace's prior: training starts every tensor at ``prior.prior_precision``).
+  A new config key therefore invalidates the cache unless it is added to a deny-list;
+- the data files the data module read (path, size, mtime; ``data_files()`` of the data module,
+  none for generated data);
+- the code: the package version, torch's version and a hash of this package's Python sources.
+
+Runs with online marglik (which changes training) are never cached. An unreadable cache entry
+is retrained; an unwritable cache folder gives a warning and no cache, never a failed run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
+import importlib.metadata
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from laplace_lab.sweeps.status import RUN_ONLY_SUBKEYS
+from laplace_lab.sweeps.run_only import RUN_ONLY_KEYS, RUN_ONLY_SUBKEYS, strip_run_only
 from laplace_lab.training.module import MAPModule
 
 log = logging.getLogger(__name__)
-TRAINING_KEYS = ("data", "model", "optimizer", "lr_scheduler", "trainer", "seed", "likelihood", "prior",
-                 "sigma_noise", "temperature", "prior_in_map_loss")
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+POSTHOC_ONLY_KEYS = ("curvature", "predictive", "evaluation", "marglik", "method_name", "checkpoint")
+POSTHOC_ONLY_SUBKEYS = {"prior": ("structure",)}
 
 
-def cache_key(cfg: DictConfig) -> str:
-    """Stable hash of the training-relevant part of ``cfg``."""
-    relevant = {k: OmegaConf.to_container(cfg, resolve=True).get(k) for k in TRAINING_KEYS}
-    relevant["prior"] = {k: v for k, v in (relevant["prior"] or {}).items() if k != "structure"}
-    relevant["trainer"] = {k: v for k, v in (relevant["trainer"] or {}).items()
-                           if k not in RUN_ONLY_SUBKEYS["trainer"]}
-    return hashlib.sha256(json.dumps(relevant, sort_keys=True, default=str).encode()).hexdigest()[:16]
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> dict[str, str]:
+    """Package and torch versions, and a hash of every ``.py`` file of ``laplace_lab``."""
+    digest = hashlib.sha256()
+    for path in sorted(PACKAGE_DIR.rglob("*.py")):
+        digest.update(str(path.relative_to(PACKAGE_DIR)).encode())
+        digest.update(path.read_bytes())
+    try:
+        version = importlib.metadata.version("laplace-lab")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return {"laplace_lab": version, "torch": torch.__version__, "sources": digest.hexdigest()[:16]}
 
 
-def cache_path(cfg: DictConfig) -> Path | None:
+def data_fingerprint(datamodule: Any) -> list[list]:
+    """``[path, size, mtime_ns]`` of every file the data module read (``data_files()``)."""
+    files = datamodule.data_files() if hasattr(datamodule, "data_files") else []
+    out = []
+    for path in sorted(Path(f) for f in files):
+        stat = path.stat()
+        out.append([str(path.resolve()), stat.st_size, stat.st_mtime_ns])
+    return out
+
+
+def key_contents(cfg: DictConfig, datamodule: Any = None) -> dict[str, Any]:
+    """What the cache key hashes (also written beside the cached network as ``<key>.json``)."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    config.pop("hydra", None)
+    config = strip_run_only(config, RUN_ONLY_KEYS + POSTHOC_ONLY_KEYS, {**RUN_ONLY_SUBKEYS, **POSTHOC_ONLY_SUBKEYS})
+    return {"config": config, "data_files": data_fingerprint(datamodule) if datamodule is not None else [],
+            "code": code_fingerprint()}
+
+
+def cache_key(cfg: DictConfig, datamodule: Any = None) -> str:
+    """Stable hash of ``key_contents``."""
+    contents = json.dumps(key_contents(cfg, datamodule), sort_keys=True, default=str)
+    return hashlib.sha256(contents.encode()).hexdigest()[:16]
+
+
+def cache_path(cfg: DictConfig, datamodule: Any = None) -> Path | None:
     """Where this config's MAP network is cached, or ``None`` if caching does not apply."""
     if not cfg.map_cache.enabled or cfg.marglik.mode == "online":
         return None
-    return Path(cfg.map_cache.dir) / f"{cache_key(cfg)}.pt"
+    return Path(cfg.map_cache.dir) / f"{cache_key(cfg, datamodule)}.pt"
 
 
 def load(module: MAPModule, path: Path | None) -> bool:
-    """Load the cached weights and hyperparameter buffers into ``module``; ``False`` if absent."""
+    """Load the cached weights and hyperparameter buffers into ``module``; ``False`` if absent
+    (or unreadable: then with a warning, and the network is trained again)."""
     if path is None or not path.exists():
         return False
-    module.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    try:
+        module.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    except (OSError, RuntimeError, ValueError, EOFError) as err:
+        log.warning("MAP cache entry %s is unreadable (%s: %s): training again", path, type(err).__name__, err)
+        return False
     log.info("loaded the cached MAP network %s (training skipped)", path)
     return True
 
 
-def save(module: MAPModule, path: Path | None) -> None:
+def save(module: MAPModule, path: Path | None, contents: dict[str, Any] | None = None) -> bool:
+    """Write the network to ``path`` (and ``contents`` to ``<key>.json``); a folder that cannot be
+    written gives a warning and ``False`` (no cache), never an error that would lose the run."""
     if path is None:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
+        return False
     tmp = path.with_suffix(".tmp")
-    torch.save(module.state_dict(), tmp)
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(module.state_dict(), tmp)
+        tmp.replace(path)
+        if contents is not None:
+            path.with_suffix(".json").write_text(json.dumps(contents, indent=2, sort_keys=True, default=str))
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        log.warning("MAP cache: cannot write %s (%s: %s); this run's network is not cached (map_cache.dir)",
+                    path, type(err).__name__, err)
+        return False
+    return True

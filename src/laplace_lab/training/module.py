@@ -25,6 +25,8 @@ from torch import nn
 
 from laplace_lab.training.nll import LIKELIHOODS, natural_to_mean_var, summed_nll
 
+RUN_IDENTITY_KEY = "laplace_lab_run_identity"
+
 
 class MAPModule(pl.LightningModule):
     """MAP training of ``model`` under ``likelihood`` with a per-tensor Gaussian prior.
@@ -41,6 +43,8 @@ class MAPModule(pl.LightningModule):
         sigma_noise: initial Gaussian noise std (regression only).
         temperature: ``T`` above.
         prior_in_loss: ``False`` drops the prior term from the training loss.
+        on_nonfinite_loss: ``error`` (raise ``FloatingPointError`` naming epoch and batch) or
+            ``skip`` (no update from that batch; counted in ``n_skipped_batches``).
     """
 
     def __init__(
@@ -54,12 +58,20 @@ class MAPModule(pl.LightningModule):
         sigma_noise: float = 1.0,
         temperature: float = 1.0,
         prior_in_loss: bool = True,
+        on_nonfinite_loss: str = "error",
     ):
         super().__init__()
         if likelihood not in LIKELIHOODS:
             raise ValueError(f"likelihood={likelihood!r} is not supported; allowed: {list(LIKELIHOODS)}")
         if n_data <= 0 or temperature <= 0 or sigma_noise <= 0:
             raise ValueError("n_data, temperature and sigma_noise must be positive")
+        if on_nonfinite_loss not in ("error", "skip"):
+            raise ValueError(f"on_nonfinite_loss={on_nonfinite_loss!r} is not supported; allowed: ['error', 'skip']")
+        self.on_nonfinite_loss = on_nonfinite_loss
+        self.n_skipped_batches = 0
+        # What a resumed run must share with this one (seed, data, model); set by train.py and
+        # saved in every checkpoint under RUN_IDENTITY_KEY.
+        self.run_identity: dict | None = None
         self.model = model
         self.likelihood = likelihood
         self.n_data = n_data
@@ -124,6 +136,14 @@ class MAPModule(pl.LightningModule):
         loss = nll / self.temperature
         if self.prior_in_loss:
             loss = loss + self.prior_term() / self.n_data
+        if not torch.isfinite(loss):  # one host sync per step: a NaN must not train on silently
+            if self.on_nonfinite_loss == "error":
+                raise FloatingPointError(
+                    f"non-finite training loss {loss.item()} (train/nll={nll.item()}) at epoch {self.current_epoch}, "
+                    f"batch {batch_idx}: the run stops (on_nonfinite_loss=error). Lower optimizer.lr, check the data, "
+                    "or set on_nonfinite_loss=skip to skip such batches")
+            self.n_skipped_batches += 1
+            return None  # Lightning skips backward and the optimiser step
         self.log_dict({"train/loss": loss, "train/nll": nll}, on_step=False, on_epoch=True, batch_size=len(x))
         return loss
 
@@ -143,6 +163,10 @@ class MAPModule(pl.LightningModule):
 
     def test_step(self, batch, batch_idx):
         self._eval_step(batch, "test")
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if self.run_identity is not None:
+            checkpoint[RUN_IDENTITY_KEY] = self.run_identity
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(self.model.parameters())

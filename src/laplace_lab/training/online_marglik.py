@@ -35,6 +35,7 @@ best weights) is saved in Lightning checkpoints, so a resumed run follows the sa
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import time
 import warnings
@@ -52,6 +53,16 @@ from laplace_lab.training.hyperparameters import (
     write_prior,
 )
 from laplace_lab.training.module import MAPModule
+
+log = logging.getLogger(__name__)
+
+
+def warn_rejected(rejected: int, n_steps: int, epoch: int) -> None:
+    """A loud warning when more than half of one marglik phase's ``n_steps`` hyper steps were rejected."""
+    if rejected > n_steps / 2:
+        log.warning("!!! online marglik at epoch %d: %d of %d hyper steps REJECTED (non-finite marglik or gradient): "
+                    "the hyperparameters barely moved; training may be diverging (lower optimizer.lr or "
+                    "marglik.lr_hyp) !!!", epoch, rejected, n_steps)
 
 
 def _all_finite(tensors) -> bool:
@@ -232,7 +243,9 @@ class OnlineMarglik(pl.Callback):
         if self.log_prior is None:
             self._init_hyperparameters(module, la)
         fit_time = time.perf_counter() - start
+        rejected_before = self.n_rejected
         marglik = self._hyper_steps(trainer, la)
+        warn_rejected(self.n_rejected - rejected_before, self.n_steps, trainer.current_epoch + 1)
         self._write_back(module, la)
         self._log(trainer, module, la, marglik, fit_time, time.perf_counter() - start)
         if self.early_stopping and marglik > self.best_marglik:
@@ -346,6 +359,9 @@ class OnlineMarglik(pl.Callback):
         module.log_dict(values, on_step=False, on_epoch=True)
 
     def on_train_end(self, trainer: pl.Trainer, module: MAPModule) -> None:
+        if self.n_rejected:
+            log.warning("online marglik: %d of %d hyper steps were rejected (non-finite marglik or gradient); "
+                        "marglik/rejected_steps in metrics.json", self.n_rejected, self.n_rejected + self.hyper_steps_done)
         if self.early_stopping and self.best_state is not None:
             module.model.load_state_dict(self.best_state["model"])
             module.set_prior_precision(self.best_state["prior_precision"])

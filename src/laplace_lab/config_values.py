@@ -1,0 +1,281 @@
+"""Value checks of a composed job config, run before any data is loaded (``validate_values``).
+
+- every number is finite (``nan`` / ``inf`` rejected anywhere) and the options of ``RANGES`` lie
+  in their range;
+- an option's type matches its defaults: a list where ``conf/<group>/*.yaml`` (or the target's
+  signature) has a list, ints where it has ints (``model.widths='50'`` is an error, not ``[5, 0]``);
+- no unknown keys under a group, also when added with ``+`` (``+marglik.typo=1``): the known keys
+  of a group are those of its option files, plus the constructor arguments of its ``_target_``;
+- every ``_target_`` names a class under ``ALLOWED_TARGET_PREFIXES`` (a config is code: a
+  command-line ``_target_`` override could import and run anything).
+
+Each check raises ``ValueError`` naming the option and the allowed values.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+ALLOWED_TARGET_PREFIXES = ("laplace_lab.", "torch.", "pytorch_lightning.", "lightning.")
+# Groups checked for unknown keys: conf/<group>/*.yaml options; checkpoint and map_cache live in train.yaml.
+CHECKED_GROUPS = ("data", "model", "optimizer", "lr_scheduler", "trainer", "curvature", "prior", "marglik",
+                  "predictive", "logger", "paths", "checkpoint", "map_cache")
+INF = math.inf
+
+# option: (kind, low, high, low inclusive, null allowed). kind "int" or "float" (ints accepted).
+RANGES: dict[str, tuple[str, float, float, bool, bool]] = {
+    "seed": ("int", 0, INF, True, False),
+    "sigma_noise": ("float", 0, INF, False, False),
+    "temperature": ("float", 0, INF, False, False),
+    "torch_num_threads": ("int", 1, INF, True, True),
+    "prior.prior_precision": ("float", 0, INF, False, False),
+    "optimizer.lr": ("float", 0, INF, False, False),
+    "optimizer.momentum": ("float", 0, 1, True, False),
+    "optimizer.eps": ("float", 0, INF, False, False),
+    "lr_scheduler.T_max": ("int", 1, INF, True, False),
+    "lr_scheduler.eta_min": ("float", 0, INF, True, False),
+    "trainer.max_epochs": ("int", 1, INF, True, True),
+    "trainer.gradient_clip_val": ("float", 0, INF, False, True),
+    "trainer.check_val_every_n_epoch": ("int", 1, INF, True, True),
+    "data.batch_size": ("int", 1, INF, True, False),
+    "data.eval_batch_size": ("int", 1, INF, True, False),
+    "data.split": ("int", 0, INF, True, False),
+    "data.val_fraction": ("float", 0, 1, True, False),
+    "data.n_val": ("int", 0, INF, True, False),
+    "data.n_train": ("int", 1, INF, True, False),
+    "data.n_test": ("int", 1, INF, True, False),
+    "data.n_train_subset": ("int", 1, INF, True, True),
+    "data.noise": ("float", 0, INF, True, False),
+    "data.noise_std": ("float", 0, INF, True, False),
+    "data.fake_size": ("int", 1, INF, True, False),
+    "curvature.n_mc_samples": ("int", 1, INF, True, False),
+    "curvature.n_eigs": ("int", 1, INF, True, False),
+    "curvature.fit_batch_size": ("int", 1, INF, True, True),
+    "predictive.n_samples": ("int", 1, INF, True, False),
+    "marglik.lr_hyp": ("float", 0, INF, False, False),
+    "marglik.lr_hyp_min": ("float", 0, INF, True, True),
+    "marglik.n_steps": ("int", 1, INF, True, False),
+    "marglik.frequency": ("int", 1, INF, True, False),
+    "marglik.burnin": ("int", 0, INF, True, False),
+    "marglik.linear_mode.n_outer": ("int", 1, INF, True, False),
+    "marglik.linear_mode.tol": ("float", 0, INF, False, False),
+    "marglik.linear_mode.round_newton": ("int", 1, INF, True, True),
+    "marglik.linear_mode.prior_max_iter": ("int", 1, INF, True, False),
+    "marglik.linear_mode.max_newton": ("int", 1, INF, True, False),
+    "marglik.linear_mode.newton_tol": ("float", 0, INF, False, False),
+    "marglik.linear_mode.cg_tol": ("float", 0, INF, False, False),
+    "marglik.linear_mode.cg_max_iter": ("int", 1, INF, True, False),
+    "checkpoint.every_n_epochs": ("int", 1, INF, True, False),
+}
+# Shown beside the option's name where the name alone is terse.
+DESCRIPTIONS = {"optimizer.lr": " (the learning rate)", "prior.prior_precision": " (the prior precision delta)"}
+
+
+def _fail(message: str) -> None:
+    raise ValueError(message)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _leaves(node: Any, prefix: str = ""):
+    """``(dotted key, value)`` of every leaf of a container (lists give ``key[i]``)."""
+    if isinstance(node, Mapping):
+        for k, v in node.items():
+            yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            yield from _leaves(v, f"{prefix}[{i}]")
+    else:
+        yield prefix, node
+
+
+def check_finite(data: Mapping) -> None:
+    """No ``nan`` / ``inf`` anywhere in the job config."""
+    for key, value in _leaves(data):
+        if isinstance(value, float) and not math.isfinite(value):
+            _fail(f"{key}={value} is not a finite number; allowed: finite values only (nan and inf are rejected)")
+
+
+def check_ranges(data: Mapping) -> None:
+    """The options of ``RANGES``: numbers (ints where ``int``) in their range."""
+    for key, (kind, lo, hi, lo_incl, nullable) in RANGES.items():
+        value, found = _select(data, key)
+        if not found or (value is None and nullable):
+            continue
+        ok_type = _is_number(value) and (kind == "float" or isinstance(value, int))
+        ok_range = ok_type and (value >= lo if lo_incl else value > lo) and value <= hi
+        if not ok_range:
+            bounds = (">= " if lo_incl else "> ") + f"{lo}" + ("" if hi == INF else f" and <= {hi}")
+            interval = ("[" if lo_incl else "(") + f"{lo}, " + ("inf)" if hi == INF else f"{hi}]")
+            what = "integers" if kind == "int" else "numbers"
+            _fail(f"{key}{DESCRIPTIONS.get(key, '')} must be {bounds}{' or null' if nullable else ''}; got {value!r} (allowed: {what} in {interval})")
+
+
+def _select(data: Mapping, key: str) -> tuple[Any, bool]:
+    node: Any = data
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None, False
+        node = node[part]
+    return node, True
+
+
+# --- known keys and their types --------------------------------------------------------------
+def _type_class(v: Any) -> str | None:
+    """``bool`` | ``number`` | ``str`` | ``list`` | ``dict``; None for null and interpolations."""
+    if v is None or (isinstance(v, str) and "${" in v):
+        return None
+    if isinstance(v, bool):
+        return "bool"
+    if _is_number(v):
+        return "number"
+    if isinstance(v, str):
+        return "str"
+    if isinstance(v, (list, tuple)):
+        return "list"
+    if isinstance(v, Mapping):
+        return "dict"
+    return None
+
+
+def _record(schema: dict[str, set], key: str, value: Any) -> None:
+    kinds = schema.setdefault(key, set())
+    kind = _type_class(value)
+    if kind == "list" and value and all(isinstance(e, int) and not isinstance(e, bool) for e in value):
+        kind = "list[int]"
+    if kind:
+        kinds.add(kind)
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _record(schema, f"{key}.{k}", v)
+
+
+@functools.lru_cache(maxsize=None)
+def group_schema(group: str) -> dict[str, frozenset]:
+    """Known keys of ``group`` (dotted, relative to it) and the type classes of their defaults
+    in the group's option files (``conf/<group>/*.yaml``, or the node of ``conf/train.yaml``)."""
+    schema: dict[str, set] = {}
+    folder = CONF_DIR / group
+    nodes = ([OmegaConf.to_container(OmegaConf.load(p), resolve=False) for p in sorted(folder.glob("*.yaml"))]
+             if folder.is_dir() else [OmegaConf.to_container(OmegaConf.load(CONF_DIR / "train.yaml"))[group]])
+    for node in nodes:
+        for key, value in (node or {}).items():
+            if key != "defaults":
+                _record(schema, key, value)
+    return {k: frozenset(v) for k, v in schema.items()}
+
+
+def _target_class(group: str, node: Mapping) -> Any:
+    if group == "trainer":
+        import pytorch_lightning as pl
+
+        return pl.Trainer
+    target = node.get("_target_")
+    if not isinstance(target, str):
+        return None
+    module, _, name = target.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        _fail(f"{group}._target_={target!r} cannot be imported; allowed: an importable class under "
+              f"{list(ALLOWED_TARGET_PREFIXES)}")
+
+
+def _accepted_args(cls: Any) -> dict[str, inspect.Parameter] | None:
+    """Constructor parameters of ``cls`` following ``**kwargs`` up the MRO; None if it takes
+    ``**kwargs`` that end nowhere we can see (accept anything)."""
+    params: dict[str, inspect.Parameter] = {}
+    for klass in inspect.getmro(cls) if inspect.isclass(cls) else (cls,):
+        init = klass.__init__ if inspect.isclass(klass) else klass
+        if inspect.isclass(klass) and "__init__" not in vars(klass):
+            continue
+        try:
+            signature = inspect.signature(init)
+        except (TypeError, ValueError):
+            return None
+        has_var_kw = False
+        for name, p in signature.parameters.items():
+            if p.kind == p.VAR_KEYWORD:
+                has_var_kw = True
+            elif p.kind != p.VAR_POSITIONAL and name != "self":
+                params.setdefault(name, p)
+        if not has_var_kw:
+            return params
+        if not inspect.isclass(cls) or klass is object:
+            return None
+    return None
+
+
+def check_group_keys(data: Mapping) -> None:
+    """Unknown keys and mistyped values under the groups of ``CHECKED_GROUPS``. A group with a
+    ``_target_`` knows its target's constructor arguments; the others, the keys of their options."""
+    for group in CHECKED_GROUPS:
+        node = data.get(group)
+        if not isinstance(node, Mapping):
+            continue
+        schema = dict(group_schema(group))
+        cls = _target_class(group, node)
+        args = _accepted_args(cls) if cls is not None else None
+        for name, p in (args or {}).items():
+            if name not in schema and p.default is not inspect.Parameter.empty:
+                _record(schema, name, p.default)
+        known = set(args) if args is not None else set(schema)
+        for key, value in _flat_keys(node):
+            top = key.split(".")[0]
+            if top.startswith("_") and top.endswith("_"):
+                continue
+            if (key if args is None else top) not in known and not (cls is not None and args is None):
+                allowed = sorted(k for k in known if k.count(".") == key.count("."))
+                _fail(f"{group}.{key} is not a known option of the {group} group; allowed: {allowed}")
+            _check_type(f"{group}.{key}", value, frozenset(schema.get(key, ())))
+
+
+def _flat_keys(node: Mapping, prefix: str = ""):
+    for k, v in node.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        yield key, v
+        if isinstance(v, Mapping) and not str(k).startswith("_"):
+            yield from _flat_keys(v, key)
+
+
+def _check_type(name: str, value: Any, kinds: frozenset) -> None:
+    kind = _type_class(value)
+    if kind is None or not kinds:
+        return
+    base = {k.split("[")[0] for k in kinds}
+    if kind not in base:
+        _fail(f"{name}={value!r} has the wrong type: got a {kind}; allowed: a {' or '.join(sorted(base))}"
+              + (" (write a list as [a, b], not as a string)" if "list" in base else ""))
+    if kind == "list" and "list[int]" in kinds and "list" not in kinds:
+        bad = [e for e in value if not (isinstance(e, int) and not isinstance(e, bool))]
+        if bad:
+            _fail(f"{name}={list(value)!r} must be a list of integers; got entries {bad}")
+
+
+def check_targets(data: Mapping) -> None:
+    """Every ``_target_`` names a class under ``ALLOWED_TARGET_PREFIXES``."""
+    for key, value in _leaves(data):
+        if key.split(".")[-1] == "_target_" and not (isinstance(value, str) and value.startswith(ALLOWED_TARGET_PREFIXES)):
+            _fail(f"{key}={value!r} is not allowed; allowed: classes under {list(ALLOWED_TARGET_PREFIXES)} "
+                  "(presets are code: a _target_ is imported and called)")
+
+
+def validate_values(cfg: DictConfig) -> None:
+    """All value checks above, on the job config (the ``hydra`` node left out)."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    data.pop("hydra", None)
+    check_targets(data)
+    check_finite(data)
+    check_group_keys(data)
+    check_ranges(data)
