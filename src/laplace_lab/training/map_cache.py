@@ -5,7 +5,8 @@ The key hashes three things:
 
 - the whole resolved config less a deny-list: the run-only keys shared with the sweep's config
   hash (``laplace_lab.sweeps.run_only``) and the keys that only shape what happens after training
-  (``POSTHOC_ONLY_KEYS``: curvature, predictive, evaluation, post-hoc marglik, ``prior.structure``,
+  (``POSTHOC_ONLY_KEYS``: curvature, predictive, evaluation, post-hoc marglik, ``ensemble`` (a
+  member is trained exactly as a single run with its seed, so the two share a cache entry), ``prior.structure``,
   which only shapes the Laplace's prior: training starts every tensor at ``prior.prior_precision``).
   A new config key therefore invalidates the cache unless it is added to a deny-list;
 - the data files the data module read (path, size, mtime; ``data_files()`` of the data module,
@@ -35,7 +36,7 @@ from laplace_lab.training.module import MAPModule
 
 log = logging.getLogger(__name__)
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
-POSTHOC_ONLY_KEYS = ("curvature", "predictive", "evaluation", "marglik", "method_name", "checkpoint")
+POSTHOC_ONLY_KEYS = ("curvature", "predictive", "evaluation", "marglik", "method_name", "checkpoint", "ensemble")
 POSTHOC_ONLY_SUBKEYS = {"prior": ("structure",)}
 
 
