@@ -45,7 +45,7 @@ def test_nonfinite_final_metrics_mark_the_job_failed(tmp_path):
     s = summary(sweep)
     assert s["counts"]["finished"] == 1 and s["counts"]["failed"] == 1, s
     (failed,) = s["failed"]
-    assert "optimizer.lr=100000000.0" in failed["job"] and "not finite" in failed["error"]
+    assert "optimizer.lr=100000000," in failed["job"] and "not finite" in failed["error"]
     job = sweep / failed["job"]
     assert read_status(job)["state"] == "failed" and "NonFiniteMetricsError" in (job / "FAILED").read_text()
 
