@@ -35,6 +35,7 @@ best weights) is saved in Lightning checkpoints, so a resumed run follows the sa
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import time
 import warnings
@@ -53,6 +54,7 @@ from laplace_lab.training.hyperparameters import (
 )
 from laplace_lab.training.module import MAPModule
 
+log = logging.getLogger(__name__)
 
 def _all_finite(tensors) -> bool:
     """One check (one host sync on an accelerator) for a few small tensors."""
@@ -343,6 +345,9 @@ class OnlineMarglik(pl.Callback):
             for j, i in enumerate(idx):
                 values[f"marglik/prior_precision/{names[i]}"] = float(prior[0 if prior.numel() == 1 else j])
         self.history.append({"epoch": trainer.current_epoch + 1, **values})
+        log.info("Online marglik, epoch %d: fit %.1f s, %d hyper steps (%d rejected so far), log marglik %.6g, "
+                 "prior precision mean %.4g, sigma %.4g, %.1f s", trainer.current_epoch + 1, fit_time, self.n_steps,
+                 self.n_rejected, marglik, float(prior.mean()), float(module.sigma_noise), total_time)
         module.log_dict(values, on_step=False, on_epoch=True)
 
     def on_train_end(self, trainer: pl.Trainer, module: MAPModule) -> None:
