@@ -189,3 +189,20 @@ def test_readme_command(command, workdir):
     proc = subprocess.run(["bash", "-c", script], cwd=workdir, env=env, capture_output=True, text=True,
                           timeout=TIMEOUT_S)
     assert proc.returncode == 0, f"README command failed: {command}\nran: {line}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "experiments").glob("**/README.md")),
+        ROOT / "benchmarks" / "README.md"]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_stay_inside_the_repository(doc):
+    """Relative links of the README and docs resolve to files of the repository; no machine paths."""
+    text = doc.read_text()
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:|#", target):
+            continue
+        path = (doc.parent / target.split("#")[0]).resolve()
+        assert path.is_relative_to(ROOT), f"{doc.name}: link {target} points outside the repository"
+        assert path.exists(), f"{doc.name}: link {target} does not exist"
+    assert not re.search(r"/work/|\.\./shared|/home/\w+|/Users/\w+", text), f"{doc.name} names a machine path"
