@@ -11,7 +11,7 @@ the sweep an earlier command ran.
 Commands are picked up automatically; they are shortened by generic rules only, by appending
 overrides (``shorten``): one epoch, a few test batches, image sets cut to a subset (image sets
 not on disk here are replaced by ``fake_data``), comma lists of a multirun and the sweeper's
-grid cut to two values, Optuna to two trials. What cannot run here is listed in ``SKIPS`` with
+grid cut to two values, Optuna to two trials, the linear-mode solver to one short round. What cannot run here is listed in ``SKIPS`` with
 the reason; what is slow is in ``SLOW``: the default test run keeps the first training command
 (``make run``) and the commands that train nothing; ``make test-slow`` runs the rest (~6 min on a
 busy 2-core machine).
@@ -112,19 +112,21 @@ def shorten(command: str, workdir: Path, env: dict) -> str:
             extra += ["data.n_train_subset=256", "data.n_val=100", "data.download=false"]
         else:  # not on disk here: FakeData (3x32x32, 10 classes) stands in
             command = re.sub(r"(^|\s)data=\w+", r"\1data=fake_data", command)
+    if "evidence_point=linear_mode" in command:  # the linear-mode solver: one short round
+        extra += [f"marglik.linear_mode.{k}" for k in ("n_outer=1", "max_newton=2", "cg_max_iter=10", "prior_max_iter=5")]
     if multirun and re.search(r"hydra/sweeper=|experiment=", command):  # else: the basic sweeper, no params
         sweeper = _sweeper_params(command, workdir, env)
-        for key, value in (sweeper.get("params") or {}).items():
-            values = str(value).split(",")
-            if len(values) > 2 and "(" not in str(value):
-                extra.append(f"\"hydra.sweeper.params.{key}='{','.join(values[:2])}'\"")
+        params = {k: str(v) for k, v in (sweeper.get("params") or {}).items()}
+        short = {k: ",".join(v.split(",")[:2]) if "(" not in v else v for k, v in params.items()}
+        if short != params:  # the whole dict (keys with dots cannot be overridden one by one)
+            extra.append("hydra.sweeper.params={" + ",".join(f"{k}:'{v}'" for k, v in short.items()) + "}")
         if "n_trials" in sweeper:
             extra.append("hydra.sweeper.n_trials=2")
     if command.startswith("make run"):
         args = shlex.split(command)[2:]
         return (f"make -o {VENV}/bin/.installed run VENV={VENV} "
-                f"ARGS={shlex.quote(' '.join([*args, *extra]))}")
-    return f"{command} {' '.join(extra)}"
+                f"ARGS={shlex.quote(' '.join(map(shlex.quote, [*args, *extra])))}")
+    return f"{command} {' '.join(map(shlex.quote, extra))}"
 
 
 def _case(index: int, command: str):
@@ -172,6 +174,8 @@ def test_shortening_rules(tmp_path):
     assert shorten("python -m laplace_lab.tables out [--name x] [--figures a]", tmp_path, env) == \
         "python -m laplace_lab.tables out --name x --figures a"
     assert shorten(".venv/bin/python -V", tmp_path, env) == f"{VENV}/bin/python -V"
+    grid = shlex.split(shorten("python -m laplace_lab.train -m hydra/sweeper=map_grid", tmp_path, env))
+    assert "hydra.sweeper.params={prior.prior_precision:'1e-4,1e-3',seed:'0,1'}" in grid, grid
 
 
 @pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="the README's commands run inside a virtual environment")
