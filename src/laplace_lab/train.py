@@ -269,6 +269,16 @@ def main(cfg: DictConfig) -> float:
             raise
         print(f"Config error: {err}\n(HYDRA_FULL_ERROR=1 shows the traceback)", file=sys.stderr)
         sys.exit(1)
+    finally:
+        _teardown_wandb_in_ray_worker()
+
+
+def _teardown_wandb_in_ray_worker() -> None:
+    """In a Ray worker, shut wandb's service down while it is still alive: its exit hook otherwise
+    runs after Ray has stopped the service and prints a ``ConnectionResetError`` traceback per job."""
+    launcher = str(OmegaConf.select(HydraConfig.get(), "launcher._target_", default="") or "")
+    if "ray" in launcher.lower() and "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
 
 
 if __name__ == "__main__":

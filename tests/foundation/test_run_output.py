@@ -71,3 +71,17 @@ def test_underfit_warning(rmse, warns, caplog):
 
 def test_underfit_warning_ignores_classification():
     assert warn_if_underfit({"test/map/acc": 0.1}, target_std=1.0) is False
+
+
+@pytest.mark.slow
+def test_ray_jobs_end_without_wandb_traceback(tmp_path):
+    """Each Ray worker shuts wandb down before exiting (no ConnectionResetError traceback per job)."""
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="hydra-ray-launcher not installed")
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"} | {"WANDB_MODE": "offline"}
+    proc = subprocess.run([sys.executable, "-m", "laplace_lab.train", "-m", "hydra/launcher=ray", "seed=0,1",
+                           "trainer.max_epochs=1", "trainer.enable_progress_bar=false", "evaluation=none",
+                           f"paths.output_root={tmp_path}"], capture_output=True, text=True, env=env, timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert "2 finished" in output and len(list(tmp_path.glob("default/multirun/*/wandb/offline-run-*"))) == 2
+    assert "ConnectionResetError" not in output and "Traceback" not in output, output[-3000:]
