@@ -11,6 +11,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev,launchers,sweepers]'
 	touch $@
+	@echo "Installed into $(VENV)/. In a new shell, activate it before the README's commands: source $(VENV)/bin/activate"
 
 install: $(BIN)/.installed
 

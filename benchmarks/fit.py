@@ -41,7 +41,7 @@ def _setup(n_train: int, batch_size: int, threads: int = 2):
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    root = os.environ.get("LAPLACE_LAB_DATA_DIR", "/work/shared/data")
+    root = os.environ.get("LAPLACE_LAB_DATA_DIR", "data")  # as conf/paths: the env, else data/
     import torchvision
 
     ds = torchvision.datasets.MNIST(root=root, train=True, download=False)

@@ -36,7 +36,7 @@ from laplace_lab.models import LeNet
 from laplace_lab.training import MAPModule
 from laplace_lab.training.online_marglik import OnlineMarglik
 
-DATA_DIR = os.environ.get("LAPLACE_LAB_DATA_DIR", "../shared/data")
+DATA_DIR = os.environ.get("LAPLACE_LAB_DATA_DIR", "data")  # as conf/paths: the env, else data/
 CLOCK = time.perf_counter  # --clock cpu: time.process_time (robust to other jobs on a shared box)
 
 

@@ -41,7 +41,7 @@ def _rss_gib() -> float:
 def _mnist(train: bool, n: int | None):
     import torchvision
 
-    root = os.environ.get("LAPLACE_LAB_DATA_DIR", "/work/shared/data")
+    root = os.environ.get("LAPLACE_LAB_DATA_DIR", "data")  # as conf/paths: the env, else data/
     ds = torchvision.datasets.MNIST(root=root, train=train, download=False)
     X = (ds.data[:n].float() / 255.0).unsqueeze(1)
     return X, ds.targets[:n].clone()

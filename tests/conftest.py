@@ -21,7 +21,7 @@ os.environ.setdefault("WANDB_SILENT", "true")
 
 @pytest.fixture
 def data_dir() -> Path:
-    """The directory with MNIST/, FashionMNIST/ and UCI/ (see ../shared/data/README.md)."""
+    """The directory with MNIST/, FashionMNIST/ and UCI/ (layout: README, "Pointing at a data directory")."""
     value = os.environ.get("LAPLACE_LAB_DATA_DIR")
     if value and Path(value, "MNIST").is_dir():
         return Path(value)

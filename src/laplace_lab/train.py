@@ -11,7 +11,9 @@ import json
 import logging
 import math
 import os
+import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
@@ -36,6 +38,18 @@ from laplace_lab.training.resume import check_resume, run_identity
 
 log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONFIG_ERRORS = (ValueError, FileNotFoundError)  # what validation and our constructors raise on bad input
+
+
+@contextmanager
+def config_phase():
+    """Mark ``ValueError`` / ``FileNotFoundError`` raised inside as bad input (``err.config_error``):
+    ``main`` then prints the message alone instead of a traceback (``HYDRA_FULL_ERROR=1``: the traceback)."""
+    try:
+        yield
+    except CONFIG_ERRORS as err:
+        err.config_error = True
+        raise
 
 
 def instantiate(node, *args, **kwargs):
@@ -47,7 +61,8 @@ def instantiate(node, *args, **kwargs):
     try:
         return hydra.utils.instantiate(node, *args, **kwargs)
     except InstantiationException as err:
-        if isinstance(err.__cause__, (ValueError, FileNotFoundError)):
+        if isinstance(err.__cause__, CONFIG_ERRORS):
+            err.__cause__.config_error = True
             raise err.__cause__ from None
         raise
 
@@ -148,6 +163,9 @@ def train_map(cfg: DictConfig, output_dir: Path, loggers) -> tuple[LabDataModule
     if "val/nll" in trainer.callback_metrics:
         metrics["val/nll"] = float(trainer.callback_metrics["val/nll"])
     metrics.update(guard_counts(module, trainer))
+    log.info("MAP training: %s, %d epochs, %d steps, %.1f s, val/nll %s",
+             "loaded from the MAP cache" if metrics.get("map_cache/hit") else "trained", trainer.current_epoch,
+             trainer.global_step, metrics["time/fit_s"], f"{metrics['val/nll']:.4f}" if "val/nll" in metrics else "-")
     return datamodule, module, trainer, metrics
 
 
@@ -221,12 +239,34 @@ def train_map_grid(cfg: DictConfig, output_dir: Path, loggers):
     return datamodule, module, trainer, metrics
 
 
+def train_target_std(datamodule: LabDataModule) -> float:
+    """Std of the training targets in original units (over all outputs): the RMSE of predicting
+    their mean."""
+    mean = 0.0 if datamodule.target_mean is None else datamodule.target_mean
+    std = 1.0 if datamodule.target_std is None else datamodule.target_std
+    y = torch.cat([y.reshape(len(y), -1) for _, y in datamodule.train_eval_dataloader()]) * std + mean
+    return float((y - y.mean(0)).pow(2).mean().sqrt())
+
+
+def warn_if_underfit(metrics: dict[str, float], target_std: float) -> bool:
+    """Log a warning when the MAP test RMSE (original units) is not below the training targets' std
+    ``target_std``, i.e. the network does no better than predicting the mean: almost always too few
+    training steps (``trainer.max_epochs``) for a small dataset. Returns whether it warned."""
+    rmse = metrics.get("test/map/rmse")
+    if rmse is None or rmse < target_std:
+        return False
+    log.warning("Under-trained? test/map/rmse %.4g >= the target std %.4g (predicting the mean does as well): "
+                "raise trainer.max_epochs (small UCI sets need hundreds of epochs; see the README)", rmse, target_std)
+    return True
+
+
 def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     """Validate, build, train and evaluate one run; returns the final metrics."""
-    validate_config(cfg)
-    validate_evaluation_config(cfg.evaluation)
-    ensemble.validate_ensemble_config(cfg)
-    check_accelerator(cfg.trainer)
+    with config_phase():
+        validate_config(cfg)
+        validate_evaluation_config(cfg.evaluation)
+        ensemble.validate_ensemble_config(cfg)
+        check_accelerator(cfg.trainer)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     if cfg.torch_num_threads:
@@ -253,8 +293,12 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     for logger in loggers:
         logger.log_metrics(metrics, step=trainer.global_step)
     if cfg.evaluation.enabled:
+        start = time.perf_counter()
         metrics.update(evaluate(cfg, module, datamodule, la, loggers, output_dir, trainer.global_step,
                                 extra_predictors))
+        log.info("Evaluation: %d metrics, %.1f s", len(metrics), time.perf_counter() - start)
+        if module.likelihood != "classification":
+            warn_if_underfit(metrics, train_target_std(datamodule))
     finish_loggers(loggers)
     (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     headline = {k: v for k, v in metrics.items() if k.startswith(("test/", "time/", "hparams/", "laplace/"))}
@@ -270,7 +314,23 @@ def main(cfg: DictConfig) -> float:
     Returns the sweep objective (``val/nll``), which the Optuna sweeper minimises.
     """
     os.environ.setdefault("WANDB_SILENT", "true")
-    return run_tracked(run, cfg, Path(HydraConfig.get().runtime.output_dir))
+    try:
+        return run_tracked(run, cfg, Path(HydraConfig.get().runtime.output_dir))
+    except CONFIG_ERRORS as err:
+        if not getattr(err, "config_error", False) or os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        print(f"Config error: {err}\n(HYDRA_FULL_ERROR=1 shows the traceback)", file=sys.stderr)
+        sys.exit(1)
+    finally:
+        _teardown_wandb_in_ray_worker()
+
+
+def _teardown_wandb_in_ray_worker() -> None:
+    """In a Ray worker, shut wandb's service down while it is still alive: its exit hook otherwise
+    runs after Ray has stopped the service and prints a ``ConnectionResetError`` traceback per job."""
+    launcher = str(OmegaConf.select(HydraConfig.get(), "launcher._target_", default="") or "")
+    if "ray" in launcher.lower() and "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
 
 
 if __name__ == "__main__":

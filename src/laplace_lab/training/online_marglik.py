@@ -356,6 +356,9 @@ class OnlineMarglik(pl.Callback):
             for j, i in enumerate(idx):
                 values[f"marglik/prior_precision/{names[i]}"] = float(prior[0 if prior.numel() == 1 else j])
         self.history.append({"epoch": trainer.current_epoch + 1, **values})
+        log.info("Online marglik, epoch %d: fit %.1f s, %d hyper steps (%d rejected so far), log marglik %.6g, "
+                 "prior precision mean %.4g, sigma %.4g, %.1f s", trainer.current_epoch + 1, fit_time, self.n_steps,
+                 self.n_rejected, marglik, float(prior.mean()), float(module.sigma_noise), total_time)
         module.log_dict(values, on_step=False, on_epoch=True)
 
     def on_train_end(self, trainer: pl.Trainer, module: MAPModule) -> None:

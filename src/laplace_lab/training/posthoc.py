@@ -13,6 +13,7 @@ around ``theta*``; the ``map`` predictor stays the network at its weights.
 
 from __future__ import annotations
 
+import logging
 import time
 
 from omegaconf import DictConfig, OmegaConf
@@ -23,6 +24,7 @@ from laplace_lab.laplace.linear_mode import fit_linear_mode
 from laplace_lab.training.hyperparameters import example_input, initial_log_prior
 from laplace_lab.training.module import MAPModule
 
+log = logging.getLogger(__name__)
 LINEAR_MODE_KEYS = ("n_outer", "tol", "prior_max_iter", "round_newton", "max_newton", "newton_tol", "cg_tol",
                     "cg_max_iter", "chunk_size", "vec_chunk")
 
@@ -62,6 +64,8 @@ def fit_posthoc_laplace(cfg: DictConfig, module: MAPModule, datamodule: LabDataM
                                            groups=la.prior_groups).exp()
     loader = datamodule.train_eval_dataloader(batch_size=cfg.curvature.get("fit_batch_size"))
     la.fit(loader)
+    log.info("Laplace fit: %s %s %s, %d batches, %.1f s", cfg.curvature.subset_of_weights,
+             cfg.curvature.hessian_structure, cfg.curvature.type, len(loader), time.perf_counter() - start)
     tuning = cfg.marglik.get("posthoc_prior", "none")
     metrics = {}
     if cfg.marglik.get("evidence_point", "weights") == "linear_mode":
@@ -84,6 +88,9 @@ def fit_posthoc_laplace(cfg: DictConfig, module: MAPModule, datamodule: LabDataM
         "laplace/prior_precision_mean": float(la.prior_precision.mean()),
         "laplace/fit_time_s": time.perf_counter() - start,
     }
+    log.info("Laplace prior tuning (%s, evidence at %s): log marglik %.4g, prior precision mean %.4g, %.1f s in all",
+             tuning, cfg.marglik.get("evidence_point", "weights"), metrics["laplace/log_marglik"],
+             metrics["laplace/prior_precision_mean"], metrics["laplace/fit_time_s"])
     if structure == "normgroups":
         metrics |= {f"laplace/prior_precision/group{g}": float(v) for g, v in enumerate(la.prior_precision)}
     if module.likelihood == "regression":
