@@ -57,6 +57,14 @@ class Structure:
         """``[P, P]`` posterior precision as a dense matrix (small models / tests only)."""
         raise NotImplementedError
 
+    def precision(self, c, prior):
+        """The posterior precision in the structure's own form (full: [P, P]; diag: [P]; kron: a view)."""
+        raise NotImplementedError
+
+    def square_norm(self, v: torch.Tensor, c, prior) -> torch.Tensor:
+        """``v^T (c H + diag(prior)) v`` for ``v`` ``[P]`` (default: the dense precision; small models)."""
+        return v @ (self.dense_precision(c, prior) @ v)
+
     def state_dict(self) -> dict:
         raise NotImplementedError
 

@@ -140,6 +140,27 @@ class KronStructure(Structure):
                 out.append(inv)
         return torch.cat(out)
 
+    def precision(self, c, prior):
+        return KronPrecision(self, c, prior)
+
+    @property
+    def factors(self) -> list[list[torch.Tensor]]:
+        """Un-decomposed factors per parameter tensor: ``[G, A]`` (weight; ``A`` normalised by rows),
+        ``[G]`` (bias of that layer) or ``[h]`` (diagonal block)."""
+        out = []
+        for e, raw in zip(self.entries, self.raw):
+            kfac = is_kfac_module(e.module) and "G" in raw
+            for n in e.names:
+                if kfac:
+                    out.append([raw["G"], raw["A"] / raw["rows"]] if n == "weight" else [raw["G"]])
+                else:
+                    out.append([raw.get(n, torch.zeros_like(getattr(e.module, n))).reshape(-1)])
+        return out
+
+    def power_map(self, X, c, prior, power):
+        """``(c H + diag(prior))^power X`` for ``X`` ``[..., P]`` (blockwise in the eigenbases)."""
+        return self._map(X, c, prior, power)
+
     def dense_precision(self, c, prior):
         eye = torch.eye(self.n_params, device=self.device, dtype=self.dtype)
         return self._map(eye, c, prior, 1.0)
@@ -153,3 +174,22 @@ class KronStructure(Structure):
             for r in sd["raw"]
         ]
         self.finalize()
+
+
+class KronPrecision:
+    """Read-only view of the KFAC posterior precision ``c H + diag(prior)`` (laplace-torch's
+    ``KronDecomposed`` methods): ``logdet()``, ``to_matrix(exponent)`` ``[P, P]``, ``bmm(X, exponent)``."""
+
+    def __init__(self, structure: KronStructure, c, prior):
+        self.structure, self.c, self.prior = structure, c, prior
+
+    def logdet(self) -> torch.Tensor:
+        return self.structure.logdet(self.c, self.prior)
+
+    def bmm(self, X: torch.Tensor, exponent: float = 1.0) -> torch.Tensor:
+        """``P^exponent X`` for ``X`` ``[..., P]``."""
+        return self.structure.power_map(X, self.c, self.prior, exponent)
+
+    def to_matrix(self, exponent: float = 1.0) -> torch.Tensor:
+        s = self.structure
+        return self.bmm(torch.eye(s.n_params, device=s.device, dtype=s.dtype), exponent)
