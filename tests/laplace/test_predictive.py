@@ -27,7 +27,7 @@ def _fit(model, lik, X, y, structure, subset, prior=0.7, **kw):
 
 
 def _dense_sigma(la):
-    return torch.linalg.inv(la._structure.dense_precision(la._H_factor, la.prior_precision))
+    return torch.linalg.inv(la.structure.dense_precision(la.H_factor, la.prior_precision))
 
 
 def _dense_fvar(model, la, X):

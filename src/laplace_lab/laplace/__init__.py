@@ -6,6 +6,8 @@ from laplace_lab.laplace.likelihoods import LIKELIHOODS
 from laplace_lab.laplace.priors import PRIOR_STRUCTURES
 from laplace_lab.laplace.subset import SUBSETS
 
-HESSIAN_STRUCTURES = ("full", "diag", "kron", "lowrank")
+from laplace_lab.laplace.structures import STRUCTURES
+
+HESSIAN_STRUCTURES = tuple(STRUCTURES)  # built-in ones; later ``structures.register`` calls extend STRUCTURES
 
 __all__ = ["Laplace", "LIKELIHOODS", "CURVATURES", "PRIOR_STRUCTURES", "SUBSETS", "HESSIAN_STRUCTURES"]

@@ -1,5 +1,6 @@
 """laplace-torch names over the engine, for users switching by one import.
 
+``Laplace(model, likelihood, subset_of_weights, hessian_structure, ...)`` returns one of
 ``FullLaplace``, ``KronLaplace``, ``DiagLaplace``, ``LowRankLaplace`` (all weights) and
 ``FullLLLaplace``, ``KronLLLaplace``, ``DiagLLLaplace`` (last layer) are ``Laplace`` with
 ``subset_of_weights`` / ``hessian_structure`` fixed; every other keyword is ``Laplace``'s.
@@ -10,10 +11,10 @@ Deliberate deviations from laplace-torch are listed in ``docs/laplace_torch_comp
 
 from __future__ import annotations
 
-from laplace_lab.laplace.laplace import Laplace
+from laplace_lab.laplace.laplace import Laplace as _Laplace
 
 
-class _Flavour(Laplace):
+class _Flavour(_Laplace):
     subset_of_weights_default = "all"
     hessian_structure_default = "full"
 
@@ -38,8 +39,19 @@ LowRankLaplace = _flavour("LowRankLaplace", "all", "lowrank")
 FullLLLaplace = _flavour("FullLLLaplace", "last_layer", "full")
 KronLLLaplace = _flavour("KronLLLaplace", "last_layer", "kron")
 DiagLLLaplace = _flavour("DiagLLLaplace", "last_layer", "diag")
-ParametricLaplace = BaseLaplace = Laplace
-LLLaplace = Laplace
+ParametricLaplace = BaseLaplace = LLLaplace = _Flavour
+_FLAVOURS = {(f.subset_of_weights_default, f.hessian_structure_default): f
+             for f in (FullLaplace, KronLaplace, DiagLaplace, LowRankLaplace, FullLLLaplace, KronLLLaplace,
+                       DiagLLLaplace)}
+Engine = _Laplace
+
+
+def Laplace(model, likelihood, subset_of_weights="last_layer", hessian_structure="kron", **kwargs) -> _Flavour:
+    """laplace-torch's factory: the flavour class of ``(subset_of_weights, hessian_structure)``."""
+    key = (str(subset_of_weights), str(hessian_structure))
+    if key not in _FLAVOURS:
+        raise ValueError(f"(subset_of_weights, hessian_structure) must be one of {sorted(_FLAVOURS)}; got {key}")
+    return _FLAVOURS[key](model, likelihood, **kwargs)
 
 
 class CurvatureBackend:
@@ -57,7 +69,7 @@ CurvlinopsGGN, CurvlinopsEF = _backend("CurvlinopsGGN", "ggn"), _backend("Curvli
 AsdlGGN, AsdlEF = _backend("AsdlGGN", "ggn"), _backend("AsdlEF", "ef")
 BackPackGGN, BackPackEF = _backend("BackPackGGN", "ggn"), _backend("BackPackEF", "ef")
 
-__all__ = ["Laplace", "BaseLaplace", "ParametricLaplace", "LLLaplace", "FullLaplace", "KronLaplace",
+__all__ = ["Laplace", "Engine", "BaseLaplace", "ParametricLaplace", "LLLaplace", "FullLaplace", "KronLaplace",
            "DiagLaplace", "LowRankLaplace", "FullLLLaplace", "KronLLLaplace", "DiagLLLaplace",
            "CurvatureBackend", "CurvlinopsGGN", "CurvlinopsEF", "AsdlGGN", "AsdlEF", "BackPackGGN", "BackPackEF"]
 

@@ -21,9 +21,9 @@ from laplace_lab.laplace.capture import Capture, has_inplace_modules
 from laplace_lab.laplace.chain import Chain
 from laplace_lab.laplace.curvature import CURVATURES, output_factors
 from laplace_lab.laplace.likelihoods import LIKELIHOODS, get_likelihood
-from laplace_lab.laplace.matrix_free.lowrank import LowRankStructure
+from laplace_lab.laplace.matrix_free import lowrank as _lowrank  # noqa: F401  (registers "lowrank")
 from laplace_lab.laplace.normgroups import n_groups as count_groups
-from laplace_lab.laplace.options import PRIOR_STRUCTURE_ALIASES, FeatureReduction, check_choice
+from laplace_lab.laplace.options import PRIOR_STRUCTURE_ALIASES, FeatureReduction, TuningMethod, check_choice
 from laplace_lab.laplace.normgroups import normgroups
 from laplace_lab.laplace.priors import (
     PRIOR_STRUCTURES,
@@ -35,13 +35,21 @@ from laplace_lab.laplace.priors import (
 from laplace_lab.laplace.structures import STRUCTURES
 from laplace_lab.laplace.subset import SUBSETS, select
 
-_STRUCTURES = {**STRUCTURES, "lowrank": LowRankStructure}  # lowrank: matrix-free (issue 10)
 
 _CONFIG_KEYS = ("likelihood", "subset_of_weights", "hessian_structure", "curvature",
                 "prior_structure", "n_mc_samples")
 
 
 _check_choice = check_choice
+
+
+def structure_kwargs(struct_cls, options: dict) -> dict:
+    """The constructor keywords of a structure: its declared ``options`` taken from ``options``."""
+    unknown = sorted(set(options) - set(struct_cls.options) - {"n_eigs"})
+    if unknown:
+        raise ValueError(f"structure_options {unknown} are not options of hessian_structure={struct_cls.name!r}; "
+                         f"allowed: {list(struct_cls.options)}")
+    return {k: options[k] for k in struct_cls.options if k in options}
 
 
 def real_tensor(option: str, value, dtype) -> torch.Tensor:
@@ -148,6 +156,7 @@ class Laplace:
         generator: torch.Generator | None = None,
         seed: int | None = None,
         n_eigs: int = 100,
+        structure_options: dict | None = None,
         prior_groups: torch.Tensor | None = None,
         example_input: torch.Tensor | None = None,
         backend=None,
@@ -170,7 +179,7 @@ class Laplace:
         self.enable_backprop = bool(enable_backprop)
         self.dict_key_x, self.dict_key_y = dict_key_x, dict_key_y
         subset_of_weights = _check_choice("subset_of_weights", subset_of_weights, SUBSETS)
-        hessian_structure = _check_choice("hessian_structure", hessian_structure, tuple(_STRUCTURES))
+        hessian_structure = _check_choice("hessian_structure", hessian_structure, tuple(STRUCTURES))
         if not (isinstance(n_mc_samples, int) and n_mc_samples >= 1):
             raise ValueError(f"n_mc_samples must be a positive int; got {n_mc_samples!r}")
         if not float(temperature) > 0:
@@ -198,7 +207,7 @@ class Laplace:
         if prior_structure is None:
             prior_structure = infer_structure(prior_precision, self.n_layers, self.n_params)
         _check_choice("prior_structure", prior_structure, PRIOR_STRUCTURES)
-        struct_cls = _STRUCTURES[hessian_structure]
+        struct_cls = STRUCTURES[hessian_structure]
         self.prior_groups, self.n_groups = None, None
         if prior_structure == "normgroups":  # structures see the per-tensor (layerwise) expansion
             groups = prior_groups if prior_groups is not None else normgroups(model, self.params, example_input)
@@ -223,7 +232,7 @@ class Laplace:
             generator = torch.Generator(device=self._device).manual_seed(seed)
         self.generator = generator
         self._structure = struct_cls(self.entries, self._device, self._dtype,
-                                     **({"n_eigs": n_eigs} if hessian_structure == "lowrank" else {}))
+                                     **structure_kwargs(struct_cls, {"n_eigs": n_eigs, **(structure_options or {})}))
         self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
         self.linear_offset = None  # [P] theta* - theta_hat once linear_mode.fit_linear_mode ran
         self.loss = torch.zeros((), device=self._device, dtype=self._dtype)
@@ -243,6 +252,56 @@ class Laplace:
         value = real_tensor("prior_precision", value, self._dtype)
         self._prior_precision = to_vector(value, self.prior_structure, self.n_layers, self.n_params,
                                           device=self._device, dtype=self._dtype, n_groups=self.n_groups)
+
+    # ---- read-only views for other modules (no one reads the underscored attributes) --------------------
+    @property
+    def structure(self):
+        """The posterior-structure object (``structures.base`` protocol)."""
+        return self._structure
+
+    @property
+    def lik(self):
+        """The likelihood object (``likelihoods``)."""
+        return self._lik
+
+    @property
+    def sizes(self) -> list[int]:
+        """Numel of every parameter tensor of the subset, in subset order."""
+        return list(self._sizes)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def fitted(self) -> bool:
+        return self._fitted
+
+    @property
+    def use_chain(self) -> bool:
+        """Whether ``fit`` may use the graph-free ``chain.Chain`` (False: always the autograd capture)."""
+        return self._use_chain
+
+    @use_chain.setter
+    def use_chain(self, value: bool) -> None:
+        self._use_chain = bool(value)
+
+    @property
+    def chain(self):
+        """The ``chain.Chain`` the last ``fit_begin`` built (``None``: the autograd capture path)."""
+        return self._chain
+
+    def check_fitted(self) -> None:
+        """``RuntimeError`` unless ``fit`` (or ``load_state_dict``) ran."""
+        self._check_fitted()
+
+    @property
+    def structure_prior(self) -> torch.Tensor:
+        return self._structure_prior
 
     @property
     def _structure_prior(self) -> torch.Tensor:
@@ -280,11 +339,13 @@ class Laplace:
         self._sigma_noise = t.to(device=self._device, dtype=self._dtype).reshape(())
 
     @property
-    def _H_factor(self) -> torch.Tensor:
+    def H_factor(self) -> torch.Tensor:
         """Curvature scale ``c = 1 / (sigma^2 T)`` (``1 / T`` unless regression)."""
         if self.likelihood == "regression":
             return 1.0 / (self.sigma_noise.square() * self.temperature)
         return torch.as_tensor(1.0 / self.temperature, device=self._device, dtype=self._dtype)
+
+    _H_factor = H_factor  # the name used inside the engine
 
     # ---- fitting ----------------------------------------------------------------------------------
     def fit(self, train_loader: Iterable, override: bool = True, progress_bar: bool = False) -> None:
@@ -293,9 +354,9 @@ class Laplace:
         if progress_bar:
             from tqdm.auto import tqdm
             train_loader = tqdm(train_loader, desc="Laplace fit")
-        if self.hessian_structure == "lowrank":  # matrix-free: loss pass + Lanczos (matrix_free.lowrank)
+        if self._structure.self_fitting:  # e.g. lowrank: loss pass + Lanczos (matrix_free.lowrank)
             if not override:
-                raise ValueError("override=False is not supported with hessian_structure='lowrank'")
+                raise ValueError(f"override=False is not supported with hessian_structure={self.hessian_structure!r}")
             self.fit_begin()
             self.loss, self.n_data, self.n_outputs = self._structure.fit(self, train_loader)
             return self.fit_end()
@@ -309,18 +370,24 @@ class Laplace:
         ``batch[dict_key_y]``, Hugging Face style)."""
         if isinstance(batch, MutableMapping):
             if self.dict_key_y not in batch:
-                raise ValueError(f"dict batch has no targets under dict_key_y={self.dict_key_y!r}; "
+                raise KeyError(f"dict batch has no targets under dict_key_y={self.dict_key_y!r}; "
                                  f"keys: {sorted(batch)}")
             return batch, batch[self.dict_key_y]
         X, y = batch
         return X, y
 
+    def reset_accumulators(self) -> None:
+        """Empty curvature, loss and ``n_data``; the object counts as not fitted until ``fit_end``.
+        (Used by ``fit_begin`` and by the fused training-step hooks, which leave the model's mode alone.)"""
+        self._structure.reset()
+        self.loss = torch.zeros((), device=self._device, dtype=self._dtype)
+        self.n_data = 0
+        self._fitted = False
+
     def fit_begin(self, override: bool = True) -> None:
         """Reset the accumulators (``override``), switch the model to eval mode, store the mean."""
         if override:
-            self._structure.reset()
-            self.loss = torch.zeros((), device=self._device, dtype=self._dtype)
-            self.n_data = 0
+            self.reset_accumulators()
         self._was_training = self.model.training
         self.model.eval()
         self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
@@ -330,7 +397,7 @@ class Laplace:
         self._chain = None
         if self._use_chain:
             self._chain = Chain.build(self.model, [e.module for e in self.entries],
-                                      block_order_ok=self.hessian_structure == "kron")
+                                      block_order_ok=self._structure.any_block_order)
 
     def fit_batch(self, X, y) -> None:
         """Accumulate curvature and loss of one batch (one forward, one batched backward)."""
@@ -420,9 +487,8 @@ class Laplace:
     # ---- posterior ------------------------------------------------------------------------------------
     @property
     def H(self):
-        s = self._structure
-        return {"full": lambda: s.H, "diag": lambda: s.h, "kron": lambda: s.blocks,
-                "lowrank": lambda: (s.U, s.eigvals)}[s.name]()
+        """The curvature in the structure's form (full: [P, P]; diag: [P]; kron: typed blocks; lowrank: (U, eigvals))."""
+        return self._structure.H
 
     @property
     def posterior_precision(self):
@@ -434,9 +500,7 @@ class Laplace:
     def posterior_covariance(self) -> torch.Tensor:
         """full: [P, P] covariance; diag: [P] variances; kron: [P] marginal variances."""
         self._check_fitted()
-        if self._structure.name == "full":
-            return self._structure.covariance(self._H_factor, self._structure_prior)
-        return self.posterior_variance
+        return self._structure.covariance(self._H_factor, self._structure_prior)
 
     @property
     def posterior_variance(self) -> torch.Tensor:
@@ -569,23 +633,47 @@ class Laplace:
     # ---- prior optimisation ---------------------------------------------------------------------------
     def optimize_prior_precision(
         self,
+        pred_type: str = "glm",
         method: str = "marglik",
         n_steps: int = 100,
         lr: float = 0.1,
         init_prior_prec: float | torch.Tensor | None = None,
-        tune_sigma_noise: bool = False,
+        prior_structure: str | None = None,
         val_loader: Iterable | None = None,
-        grid: Iterable[float] | None = None,
-        pred_type: str = "nn",
+        loss=None,
+        log_prior_prec_min: float = -4,
+        log_prior_prec_max: float = 4,
+        grid_size: int = 100,
+        link_approx: str | None = None,
         n_samples: int = 100,
+        verbose: bool = False,
+        progress_bar: bool = False,
+        *,
+        tune_sigma_noise: bool = False,
+        grid: Iterable[float] | None = None,
     ) -> None:
-        """``marglik``: Adam on log prior precision (and log sigma if ``tune_sigma_noise``) for
-        ``n_steps`` steps. ``gridsearch``: scalar values in ``grid`` (default ``logspace(-4, 4, 21)``)
-        minimising the validation NLL of the predictive on ``val_loader``."""
+        """laplace-torch's signature. ``marglik``: Adam on the log prior precision (and log sigma if
+        ``tune_sigma_noise``) for ``n_steps`` steps. ``gridsearch``: scalar precisions ``grid`` (default
+        ``logspace(log_prior_prec_min, log_prior_prec_max, grid_size)``) minimising the validation NLL of
+        the ``pred_type`` predictive (``link_approx``, ``n_samples``) on ``val_loader``.
+        ``init_prior_prec``: start value (default: the current prior precision, see
+        docs/laplace_torch_compat.md); ``prior_structure``: switch the prior's shape first."""
         self._check_fitted()
-        _check_choice("method", method, ("marglik", "gridsearch"))
+        method = _check_choice("method", method, TuningMethod.values())
+        pred_type = _check_choice("pred_type", pred_type, ("glm", "nn"))
+        if loss is not None:
+            raise ValueError("loss: only the default (validation NLL of the predictive) is supported; got "
+                             f"{loss!r}")
+        if not (isinstance(grid_size, int) and grid_size >= 1):
+            raise ValueError(f"grid_size must be a positive int; got {grid_size!r}")
+        if prior_structure is not None:
+            self._switch_prior_structure(prior_structure)
         if init_prior_prec is not None:
             self.prior_precision = init_prior_prec
+        steps = range(n_steps)
+        if progress_bar:
+            from tqdm.auto import trange
+            steps = trange(n_steps, desc="prior precision")
         if method == "marglik":
             log_pp = self.prior_precision.detach().clone().log().requires_grad_(True)
             params = [log_pp]
@@ -595,30 +683,44 @@ class Laplace:
                 log_sigma = self.sigma_noise.detach().clone().log().requires_grad_(True)
                 params.append(log_sigma)
             opt = torch.optim.Adam(params, lr=lr)
-            for _ in range(n_steps):
+            for _ in steps:
                 opt.zero_grad()
                 sigma = log_sigma.exp() if tune_sigma_noise else None
-                loss = -self.log_marginal_likelihood(log_pp.exp(), sigma)
-                loss.backward()
+                neg = -self.log_marginal_likelihood(log_pp.exp(), sigma)
+                neg.backward()
                 opt.step()
             self.prior_precision = log_pp.detach().exp()
             if tune_sigma_noise:
                 self.sigma_noise = log_sigma.detach().exp()
+            if verbose:
+                print(f"optimize_prior_precision: prior precision {self.prior_precision.tolist()}")
             return
         if val_loader is None:
             raise ValueError("method='gridsearch' needs val_loader")
-        _check_choice("pred_type", pred_type, ("glm", "nn"))
-        grid = list(grid) if grid is not None else torch.logspace(-4, 4, 21).tolist()
+        if grid is None:
+            grid = torch.logspace(log_prior_prec_min, log_prior_prec_max, grid_size).tolist()
         best, best_nll = None, math.inf
-        for value in grid:
+        for value in list(grid):
             self.prior_precision = value
-            nll = self._validation_nll(val_loader, pred_type, n_samples)
+            nll = self._validation_nll(val_loader, pred_type, n_samples, link_approx)
+            if verbose:
+                print(f"optimize_prior_precision: prior precision {value:.4g} -> validation NLL {nll:.4f}")
             if nll < best_nll:
                 best, best_nll = value, nll
         self.prior_precision = best
 
+    def _switch_prior_structure(self, prior_structure: str) -> None:
+        prior_structure = PRIOR_STRUCTURE_ALIASES.get(str(prior_structure), str(prior_structure))
+        allowed = tuple(p for p in self._structure.prior_structures if p in PRIOR_STRUCTURES)
+        if prior_structure == self.prior_structure:
+            return
+        _check_choice("prior_structure", prior_structure, allowed)
+        value = self.prior_precision_diag if prior_structure == "diagonal" else self.prior_precision.mean()
+        self.prior_structure = prior_structure
+        self.prior_precision = value.detach()
+
     @torch.no_grad()
-    def _validation_nll(self, loader, pred_type: str, n_samples: int) -> float:
+    def _validation_nll(self, loader, pred_type: str, n_samples: int, link_approx: str | None = None) -> float:
         gen = torch.Generator(device=self._device).manual_seed(0)
         total, count = 0.0, 0
         for X, y in loader:
@@ -627,7 +729,8 @@ class Laplace:
                 out = self._nn_samples(X, n_samples, gen)  # [S, N, ...]
                 total += float(self._predictive_nll(out, y, pred_type))
             else:
-                out = self(X, pred_type=pred_type, n_samples=n_samples, generator=gen)
+                out = self(X, pred_type=pred_type, link_approx=link_approx, n_samples=n_samples, generator=gen,
+                           return_parts=self.likelihood != "classification")  # regression: var incl. noise
                 total += float(predictive.predictive_nll(self.likelihood, out, y))
             count += X.shape[0]
         return total / count

@@ -113,10 +113,10 @@ def predict(la, x: torch.Tensor, pred_type: str = "glm", link_approx: str | None
     """``la(x, ...)``: see the module docstring. ``chunk_size``: inputs per forward/backward
     (memory bound); ``budget``: elements per per-layer Jacobian block; ``generator``: for the
     ``mc`` / ``nn`` draws (default ``la.generator``)."""
-    la._check_fitted()
+    la.check_fitted()
     link = _check(la, pred_type, link_approx, n_samples, joint, chunk_size, return_parts)
     gen = generator if generator is not None else la.generator
-    x = x.to(la._device) if isinstance(x, torch.Tensor) else x
+    x = x.to(la.device) if isinstance(x, torch.Tensor) else x
     was_training = la.model.training
     la.model.eval()
     track = torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad
@@ -141,7 +141,7 @@ def glm_moments(la, x: torch.Tensor, diag: bool = False, chunk_size: int | None 
                 budget: int = DEFAULT_BUDGET) -> tuple[torch.Tensor, torch.Tensor]:
     """Latent Gaussian of the linearised network: ``(f_mu [B, C], f_var [B, C, C])``
     (``[B, C]`` variances if ``diag``). Differentiable w.r.t. ``x`` when ``x.requires_grad``."""
-    la._check_fitted()
+    la.check_fitted()
     view = posterior_view(la)
     was_training = la.model.training
     la.model.eval()
@@ -288,7 +288,8 @@ def _nn_chunk(la, x, thetas):
     S, B = thetas.shape[0], x.shape[0]
     if la.subset_of_weights == "last_layer":
         m = la.entries[0].module
-        with Capture([m], protect_inplace=False) as cap:
+        # inputs keep their graph when grad mode is on: the predictive is differentiable w.r.t. x
+        with Capture([m], protect_inplace=False, detach_inputs=not torch.is_grad_enabled()) as cap:
             out = la.model(x)
         calls = cap.records[0].calls
         if len(calls) == 1 and calls[0].output is out:  # re-apply only the last layer
@@ -301,7 +302,7 @@ def _nn_chunk(la, x, thetas):
     names = {id(p): n for n, p in la.model.named_parameters()}
     outs = []
     for theta in thetas:
-        chunks = torch.split(theta, la._sizes)
+        chunks = torch.split(theta, la.sizes)
         params = {names[id(p)]: c.view_as(p) for p, c in zip(la.params, chunks)}
         outs.append(functional_call(la.model, params, (x,)).reshape(B, -1))
     return torch.stack(outs)
