@@ -67,9 +67,40 @@ def main() -> int:
         shutil.rmtree(out / "tests")
     shutil.copytree(a.checkout / "tests", out / "tests")
     write_shim(out)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rN", *(pytest_args or ["tests"])]
+    report = out / "report.xml"
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={report}",
+           *(pytest_args or ["tests"])]
     print("running", " ".join(cmd), "in", out, flush=True)
-    return subprocess.call(cmd, cwd=out)
+    rc = subprocess.call(cmd, cwd=out)
+    summarise(report)
+    return rc
+
+
+def summarise(report: Path) -> None:
+    """Per test file: passed / failed (incl. errors) / skipped, and the most frequent failure messages."""
+    import collections
+    import xml.etree.ElementTree as ET
+
+    counts = collections.defaultdict(collections.Counter)
+    messages = collections.Counter()
+    for case in ET.parse(report).getroot().iter("testcase"):
+        name = case.get("classname", "").rsplit(".", 1)[-1] + ".py"
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if bad is not None:
+            counts[name]["failed"] += 1
+            messages[(bad.get("message") or "").splitlines()[0][:110] if bad.get("message") else "?"] += 1
+        elif case.find("skipped") is not None:
+            counts[name]["skipped"] += 1
+        else:
+            counts[name]["passed"] += 1
+    total = collections.Counter()
+    for name, c in sorted(counts.items()):
+        total.update(c)
+        print(f"{name:28s} passed {c['passed']:4d}  failed {c['failed']:4d}  skipped {c['skipped']:3d}")
+    print(f"{'total':28s} passed {total['passed']:4d}  failed {total['failed']:4d}  skipped {total['skipped']:3d}")
+    print("most frequent failure messages:")
+    for msg, n in messages.most_common(15):
+        print(f"{n:5d}  {msg}")
 
 
 if __name__ == "__main__":

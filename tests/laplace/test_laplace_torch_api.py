@@ -166,6 +166,15 @@ def test_dict_batches_and_model_kwargs():
     ref = Laplace(dm.net, "regression", "all", "kron")
     ref.fit(loader(X, y, 6))
     torch.testing.assert_close(la.log_marginal_likelihood(), ref.log_marginal_likelihood())
+    # dict inputs to the predictive (one chunk): same as the tensor model's
+    m_d, v_d = la(UserDict({"x": X}), diagonal_output=True)
+    m_t, v_t = ref(X, diagonal_output=True)
+    torch.testing.assert_close(m_d, m_t)
+    torch.testing.assert_close(v_d, v_t)
+    g = torch.Generator().manual_seed(0)
+    n_d = la(UserDict({"x": X}), pred_type="nn", n_samples=4, generator=g)[0]
+    n_t = ref(X, pred_type="nn", n_samples=4, generator=torch.Generator().manual_seed(0))[0]
+    torch.testing.assert_close(n_d, n_t)
     with pytest.raises(KeyError, match="dict_key_y"):
         Laplace(dm, "regression", "all", "kron").fit([UserDict({"x": X, "target": y})])
     # keyword arguments of la(x, ...) reach the model's forward: scale 2 doubles mean and Jacobians

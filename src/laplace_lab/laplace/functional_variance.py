@@ -85,7 +85,7 @@ def capture_output_grads(la, x: torch.Tensor, differentiable: bool = False):
     if cap is None:
         cls = _GraphCapture if differentiable else Capture
         xg = x
-        if not differentiable and x.is_floating_point():
+        if not differentiable and isinstance(x, torch.Tensor) and x.is_floating_point():
             xg = x.detach().requires_grad_(True)  # a graph even if no parameter requires grad
         with cls(modules, protect_inplace=True) as cap, torch.enable_grad():
             out = la.model(xg)
