@@ -79,6 +79,11 @@ class Call:
         return self._out_shape if self._out_shape is not None else self.output.shape
 
     @property
+    def stacked_grad(self) -> torch.Tensor | None:
+        """The ``[K, *output.shape]`` gradient if it is already held stacked (no conversion), else ``None``."""
+        return self._grad
+
+    @property
     def grad(self) -> torch.Tensor | None:
         if self._grad is None and self._grads is not None:
             # [N, K, ...] memory seen as [K, N, ...]: (K, N) merges and per-sample regrouping
