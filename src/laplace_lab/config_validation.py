@@ -8,18 +8,16 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 
 from laplace_lab.config_values import validate_values
+from laplace_lab.laplace.options import Likelihood, LinkApprox, PredType
+from laplace_lab.laplace.spec import LaplaceSpec, structure_class
 
-LIKELIHOOD_CHOICES = ("auto", "classification", "regression", "heteroscedastic_regression")
-SUBSETS = ("all", "last_layer")
-STRUCTURES = ("full", "diag", "kron", "lowrank")
-CURVATURE_TYPES = ("ggn", "ef", "mc_fisher")
-PRIOR_STRUCTURES = ("scalar", "layerwise", "diagonal", "normgroups")
+LIKELIHOOD_CHOICES = ("auto", *Likelihood.values())
 MARGLIK_MODES = ("off", "online", "posthoc")
 POSTHOC_PRIOR = ("none", "marglik", "gridsearch")
 EVIDENCE_POINTS = ("weights", "linear_mode")
-PRED_TYPES = ("map", "glm", "nn")
 NONFINITE_LOSS = ("error", "skip")
-LINKS = ("probit", "mc", "bridge")
+PRED_TYPES = PredType.values()
+LINKS = LinkApprox.values()
 
 
 def _require(condition: bool, message: str) -> None:
@@ -72,28 +70,20 @@ def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> str:
 
 def validate_laplace_config(cfg: DictConfig) -> None:
     """The curvature x prior x marglik x predictive combination."""
-    _choice(cfg, "curvature.subset_of_weights", SUBSETS)
-    structure = _choice(cfg, "curvature.hessian_structure", STRUCTURES)
-    curvature_type = _choice(cfg, "curvature.type", CURVATURE_TYPES)
-    prior = _choice(cfg, "prior.structure", PRIOR_STRUCTURES)
+    spec = LaplaceSpec(  # the engine's names and compatibility rules (laplace.spec)
+        subset_of_weights=OmegaConf.select(cfg, "curvature.subset_of_weights"),
+        hessian_structure=OmegaConf.select(cfg, "curvature.hessian_structure"),
+        curvature=OmegaConf.select(cfg, "curvature.type"), prior_structure=OmegaConf.select(cfg, "prior.structure"),
+        options={"n_eigs": cfg.curvature.get("n_eigs", 100)},
+        keys={"subset_of_weights": "curvature.subset_of_weights", "hessian_structure": "curvature.hessian_structure",
+              "curvature": "curvature.type", "prior_structure": "prior.structure", "n_eigs": "curvature.n_eigs"}).validate()
+    structure, curvature_type = spec.hessian_structure, spec.curvature
     mode = _choice(cfg, "marglik.mode", MARGLIK_MODES)
     pred_type = _choice(cfg, "predictive.pred_type", PRED_TYPES)
     _choice(cfg, "predictive.link_approx", LINKS)
     delta = cfg.prior.prior_precision
     _require(isinstance(delta, (int, float)) and delta > 0, f"prior.prior_precision must be a positive number; got {delta!r}")
     _require(int(cfg.curvature.n_mc_samples) >= 1, f"curvature.n_mc_samples must be >= 1; got {cfg.curvature.n_mc_samples}")
-    _require(
-        not (structure == "kron" and prior == "diagonal"),
-        "prior.structure='diagonal' does not fit curvature.hessian_structure='kron' (the KFAC log-determinant "
-        "is exact only for one precision per layer); allowed with kron: ['scalar', 'layerwise', 'normgroups'], or use "
-        "curvature=diag / curvature=full for a diagonal prior",
-    )
-    if structure == "lowrank":
-        _require(curvature_type in ("ggn", "ef"),
-                 f"curvature.hessian_structure='lowrank' needs curvature.type in ['ggn', 'ef']; got {curvature_type!r} "
-                 "(sampled labels would change between the Lanczos matrix-vector products)")
-        n_eigs = cfg.curvature.get("n_eigs", 100)
-        _require(isinstance(n_eigs, int) and n_eigs >= 1, f"curvature.n_eigs must be a positive integer; got {n_eigs!r}")
     posthoc = cfg.marglik.get("posthoc_prior", "none")
     _require(posthoc in POSTHOC_PRIOR, f"marglik.posthoc_prior={posthoc!r} is not supported; allowed: {list(POSTHOC_PRIOR)}")
     if mode == "online":
@@ -103,7 +93,7 @@ def validate_laplace_config(cfg: DictConfig) -> None:
         _require(cfg.marglik.log_min < cfg.marglik.log_max, "marglik.log_min must be < marglik.log_max")
         fused = cfg.marglik.get("fused", False)
         _require(
-            not fused or (curvature_type in ("ef", "mc_fisher") and structure in ("kron", "diag")
+            not fused or (curvature_type in ("ef", "mc_fisher") and structure_class(structure).supports_fused
                           and cfg.curvature.subset_of_weights == "all"),
             "marglik.fused=true needs curvature.type in ['ef', 'mc_fisher'], curvature.hessian_structure in "
             f"['kron', 'diag'] and curvature.subset_of_weights='all'; got type={curvature_type!r}, "

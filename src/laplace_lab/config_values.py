@@ -161,7 +161,7 @@ def _record(schema: dict[str, set], key: str, value: Any) -> None:
             _record(schema, f"{key}.{k}", v)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def group_schema(group: str) -> dict[str, frozenset]:
     """Known keys of ``group`` (dotted, relative to it) and the type classes of their defaults
     in the group's option files (``conf/<group>/*.yaml``, or the node of ``conf/train.yaml``)."""

@@ -69,14 +69,14 @@ def targets(lik, n, d_out, seed=2):
 
 def fit(model, X, y, use_chain, batch_size=5, subset="all", **kw):
     la = Laplace(model, kw.pop("likelihood", "classification"), subset_of_weights=subset, seed=3, **kw)
-    la._use_chain = use_chain
+    la.use_chain = use_chain
     la.fit(loader(X, y, batch_size))
-    assert (la._chain is not None) == use_chain
+    assert (la.chain is not None) == use_chain
     return la
 
 
 def curvature_of(la):
-    s = la._structure
+    s = la.structure
     if s.name == "kron":
         return s.dense_precision(torch.ones((), dtype=torch.float64), torch.zeros(1, dtype=torch.float64))
     return la.H

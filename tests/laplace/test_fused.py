@@ -41,7 +41,7 @@ def _train_epoch_fused(model, la, batches, *, mean_loss=True, prior=1e-2, step=T
 
 
 def _dense(la):
-    return la._structure.dense_precision(torch.ones((), dtype=torch.float64), torch.zeros(1, dtype=torch.float64))
+    return la.structure.dense_precision(torch.ones((), dtype=torch.float64), torch.zeros(1, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("structure", ["kron", "diag"])

@@ -56,7 +56,7 @@ def test_samples_have_posterior_covariance(structure, subset):
     n = 20000
     S = la.sample(n)
     assert S.shape == (n, la.n_params)
-    Sigma = torch.linalg.inv(la._structure.dense_precision(la._H_factor, la.prior_precision))
+    Sigma = torch.linalg.inv(la.structure.dense_precision(la.H_factor, la.prior_precision))
     emp = torch.cov(S.T)
     sd = ((Sigma.diagonal()[:, None] * Sigma.diagonal()[None] + Sigma.square()) / n).sqrt()
     assert ((emp - Sigma).abs() <= 5 * sd).all()
@@ -95,7 +95,7 @@ def test_optimize_prior_precision_marglik_and_gridsearch():
     after = la.log_marginal_likelihood().item()
     assert after > before
     assert grad_norm() < 0.05 * g0  # close to a stationary point
-    la.optimize_prior_precision(method="gridsearch", val_loader=loader(X, y), grid=[1e-2, 1.0, 1e2], n_samples=20)
+    la.optimize_prior_precision("nn", method="gridsearch", val_loader=loader(X, y), grid=[1e-2, 1.0, 1e2], n_samples=20)
     assert la.prior_precision.shape == (la.n_layers,)
     assert float(la.prior_precision[0]) in (1e-2, 1.0, 1e2)
 
@@ -134,7 +134,7 @@ def test_float32_and_minibatch_accumulation_agree_with_full_batch():
     ref.fit(loader(X, y))
     mb = Laplace(model, "classification", subset_of_weights="all", hessian_structure="kron")
     mb.fit(loader(X, y, 5))  # KFAC is not batch-invariant in general, but G and A sums are
-    torch.testing.assert_close(mb._structure.raw[0]["G"], ref._structure.raw[0]["G"])
+    torch.testing.assert_close(mb.structure.raw[0]["G"], ref.structure.raw[0]["G"])
     m32 = mlp().float()
     la = Laplace(m32, "classification", subset_of_weights="all", hessian_structure="kron")
     la.fit(loader(X.float(), y, 8))

@@ -75,7 +75,7 @@ def _block_slices(la):
 
 
 def _kron_dense(la):
-    s = la._structure
+    s = la.structure
     return s.dense_precision(torch.ones((), dtype=torch.float64), torch.zeros(1, dtype=torch.float64))
 
 

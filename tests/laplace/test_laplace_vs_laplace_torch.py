@@ -47,7 +47,7 @@ def _pair(model, lik, X, y, peer_prior=None, **kw):
 def _dense_H(la_ours, theirs, structure, factor):
     """Curvature (without prior) as dense matrices: ours scaled by ``factor``, theirs as stored."""
     one = torch.ones((), dtype=torch.float64)
-    ours = la_ours._structure.dense_precision(factor * one, torch.zeros(1, dtype=torch.float64))
+    ours = la_ours.structure.dense_precision(factor * one, torch.zeros(1, dtype=torch.float64))
     if structure == "full":
         return ours, theirs.H
     if structure == "diag":

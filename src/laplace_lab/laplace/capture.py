@@ -34,7 +34,7 @@ from torch import nn
 
 
 class Call:
-    """One call of a watched module: inputs (detached), output and, after ``backward``, the output
+    """One call of a watched module: inputs (detached unless ``Capture(detach_inputs=False)``), output and, after ``backward``, the output
     gradients of the ``K`` factors: ``grads`` (a list of ``K`` tensors shaped like the output, as
     the per-factor backward produced them) or ``grad`` (``[K, *output.shape]``; stacked lazily,
     sample-major in memory, on first access; may also be assigned directly).
@@ -77,6 +77,11 @@ class Call:
     def out_shape(self) -> torch.Size:
         """The output's shape (without computing a lazily given output)."""
         return self._out_shape if self._out_shape is not None else self.output.shape
+
+    @property
+    def stacked_grad(self) -> torch.Tensor | None:
+        """The ``[K, *output.shape]`` gradient if it is already held stacked (no conversion), else ``None``."""
+        return self._grad
 
     @property
     def grad(self) -> torch.Tensor | None:
@@ -125,7 +130,8 @@ def has_inplace_modules(model: nn.Module) -> bool:
 
 class Capture:
     def __init__(self, modules: list[nn.Module], protect_inplace: bool = True,
-                 batched_backward: bool | None = None, grad_hooks: bool = False):
+                 batched_backward: bool | None = None, grad_hooks: bool = False, detach_inputs: bool = True):
+        self.detach_inputs = detach_inputs  # False: recorded inputs keep their graph (differentiable re-use)
         self.records = [Record(m) for m in modules]
         self._handles: list = []
         self.protect_inplace = protect_inplace
@@ -143,7 +149,8 @@ class Capture:
                     f"module {type(module).__name__} returns {type(output).__name__}; "
                     "the Laplace engine needs modules with parameters to return one tensor"
                 )
-            args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+            if self.detach_inputs:
+                args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
             call = Call(args, kwargs, output)
             record.calls.append(call)
             if self.grad_hooks and output.requires_grad:

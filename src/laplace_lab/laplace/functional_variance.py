@@ -85,7 +85,7 @@ def capture_output_grads(la, x: torch.Tensor, differentiable: bool = False):
     if cap is None:
         cls = _GraphCapture if differentiable else Capture
         xg = x
-        if not differentiable and x.is_floating_point():
+        if not differentiable and isinstance(x, torch.Tensor) and x.is_floating_point():
             xg = x.detach().requires_grad_(True)  # a graph even if no parameter requires grad
         with cls(modules, protect_inplace=True) as cap, torch.enable_grad():
             out = la.model(xg)
@@ -142,36 +142,22 @@ def _kfac_rows(m: nn.Module, calls: list[Call], QG, QA):
 
 
 # ------------------------------------------------------------------------------- posterior views
-class _LayerwiseView:
+class LayerwiseView:
     """kron / diag: per module, per parameter tensor ``(kind, QG, QA, weights)``:
     ``kind`` "w" (KFAC weight, weights ``[D_out, D_in]``), "b" (KFAC bias, ``[D_out]``) or
-    "d" (elementwise, ``[numel]``); ``Q`` = None means the identity."""
+    "d" (elementwise, ``[numel]``); ``Q`` = None means the identity. ``rows``: one item per parameter
+    tensor in subset order, a spec tuple from the structure or a flat variance tensor (its
+    ``posterior_view`` supplies them)."""
 
-    def __init__(self, la):
-        s = la._structure
-        c, prior = la._H_factor, la._structure_prior
+    def __init__(self, la, rows):
+        rows = iter(rows)
         self.specs = []
-        if s.name == "kron":
-            blocks = iter(zip(s.blocks, s._deltas(prior)))
-        else:
-            var = 1.0 / s.precision(c, prior)
-            blocks = iter(torch.split(var, s.sizes))
         for e in la.entries:
             kfac = is_kfac_module(e.module)
             spec = {}
             for n in e.names:
-                p = getattr(e.module, n)
-                if s.name == "kron":
-                    b, d = next(blocks)
-                    inv = 1.0 / s._eigvals(b, c, d)
-                    if b["kind"] == "kron":
-                        spec[n] = ("w", b["QG"], b["QA"], inv)
-                    elif b["kind"] == "kron1":
-                        spec[n] = ("b", b["QG"], None, inv)
-                    else:
-                        spec[n] = self._plain(kfac, n, p, inv)
-                else:
-                    spec[n] = self._plain(kfac, n, p, next(blocks))
+                row = next(rows)
+                spec[n] = row if isinstance(row, tuple) else self._plain(kfac, n, getattr(e.module, n), row)
             self.specs.append(spec)
 
     @staticmethod
@@ -235,12 +221,43 @@ class _LayerwiseView:
         return out
 
 
-class _FullView:
+def _jacobian_rows(entries, records, sl) -> torch.Tensor:
+    """``[n, K, P]`` per-sample rows ``V_k^T J_n`` of inputs ``sl`` from the captured calls."""
+    cols = []
+    for e, r in zip(entries, records):
+        if not r.calls:
+            K = next(c.grad for rr in records for c in rr.calls).shape[0]
+            cols += [p.new_zeros(sl.stop - sl.start, K, p.numel()) for p in e.params]
+            continue
+        sub = [Call(tuple(x[sl] if isinstance(x, torch.Tensor) else x for x in c.args), c.kwargs,
+                    c.output, c.grad[:, sl]) for c in r.calls]
+        psg = per_sample_grads(e.module, e.names, sub)
+        cols += [psg[n].flatten(2).transpose(0, 1) for n in e.names]
+    return torch.cat(cols, -1)
+
+
+class JacobianView:
+    """Any structure: per-sample Jacobian rows ``[n, K, P]`` (in budget-sized input chunks) and the
+    structure's own ``functional_variance``. The default ``Structure.posterior_view``."""
+
+    def __init__(self, la):
+        self.structure, self.c, self.prior = la.structure, la.H_factor, la.structure_prior
+
+    def __call__(self, la, records, V, diag: bool, budget: int) -> torch.Tensor:
+        K, N = next(c.grad for r in records for c in r.calls).shape[:2]
+        parts = []
+        for sl in _sub_chunks(N, K * self.structure.n_params, budget):
+            fv = self.structure.functional_variance(_jacobian_rows(la.entries, records, sl), self.c, self.prior)
+            parts.append(fv.diagonal(dim1=1, dim2=2) if diag else fv)
+        return torch.cat(parts)
+
+
+class FullView:
     """full: dense ``Sigma`` ``[P, P]`` (one Cholesky inverse per predictive call)."""
 
     def __init__(self, la):
-        self.Sigma = la._structure.covariance(la._H_factor, la._structure_prior)
-        self.sizes = la._structure.sizes
+        self.Sigma = la.structure.covariance(la.H_factor, la.structure_prior)
+        self.sizes = la.structure.sizes
 
     def __call__(self, la, records, V, diag: bool, budget: int) -> torch.Tensor:
         entries = la.entries
@@ -250,16 +267,7 @@ class _FullView:
         K, N = next(c.grad for r in records for c in r.calls).shape[:2]
         parts = []
         for sl in _sub_chunks(N, K * self.Sigma.shape[0], budget):
-            cols = []
-            for e, r in zip(entries, records):
-                if not r.calls:
-                    cols += [p.new_zeros(sl.stop - sl.start, K, p.numel()) for p in e.params]
-                    continue
-                sub = [Call(tuple(x[sl] if isinstance(x, torch.Tensor) else x for x in c.args), c.kwargs,
-                            c.output, c.grad[:, sl]) for c in r.calls]
-                psg = per_sample_grads(e.module, e.names, sub)
-                cols += [psg[n].flatten(2).transpose(0, 1) for n in e.names]
-            J = torch.cat(cols, -1)  # [n, K, P]
+            J = _jacobian_rows(entries, records, sl)  # [n, K, P]
             JS = J @ self.Sigma
             parts.append((JS * J).sum(-1) if diag else JS @ J.transpose(-1, -2))
         return torch.cat(parts)
@@ -297,10 +305,9 @@ class _FullView:
 
 
 def posterior_view(la):
-    """Per-call precomputation (inverse eigenvalues / variances / dense covariance)."""
-    if hasattr(la._structure, "posterior_view"):  # e.g. matrix_free.lowrank (issue 10)
-        return la._structure.posterior_view(la)
-    return _FullView(la) if la._structure.name == "full" else _LayerwiseView(la)
+    """Per-call precomputation (inverse eigenvalues / variances / dense covariance): the structure's
+    ``posterior_view`` (``structures.base``)."""
+    return la.structure.posterior_view(la)
 
 
 def functional_variance(la, x: torch.Tensor, diag: bool = False, differentiable: bool = False,
@@ -311,4 +318,5 @@ def functional_variance(la, x: torch.Tensor, diag: bool = False, differentiable:
     return f, view(la, records, V, diag, budget)
 
 
-__all__ = ["capture_output_grads", "functional_variance", "posterior_view"]
+__all__ = ["capture_output_grads", "functional_variance", "posterior_view", "LayerwiseView", "FullView",
+           "JacobianView"]

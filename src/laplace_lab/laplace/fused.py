@@ -55,7 +55,11 @@ from laplace_lab.laplace.curvature import output_factors
 from laplace_lab.laplace.modules import is_kfac_module
 
 FUSED_CURVATURES = ("ef", "mc_fisher")
-FUSED_STRUCTURES = ("kron", "diag")
+def fused_structures() -> tuple[str, ...]:
+    """Registered structures with ``supports_fused`` (kron, diag)."""
+    from laplace_lab.laplace.structures import STRUCTURES
+
+    return tuple(n for n, cls in STRUCTURES.items() if cls.supports_fused)
 FUSED_SUBSETS = ("all",)
 
 
@@ -141,9 +145,9 @@ class _BatchRecorder:
             raise RuntimeError("rec.output(f) was already called for this batch")
         la = self._fused.la
         self.f = f
-        ff, yy = la._lik.prepare(f.detach(), self._y.to(f.device))
+        ff, yy = la.lik.prepare(f.detach(), self._y.to(f.device))
         with torch.no_grad():
-            la.loss = la.loss + la._lik.nll(ff, yy).to(la._dtype)
+            la.loss = la.loss + la.lik.nll(ff, yy).to(la.dtype)
         la.n_data += ff.shape[0]
         self.n = ff.shape[0]
         la.n_outputs = ff.shape[1]
@@ -153,7 +157,7 @@ class _BatchRecorder:
                     "a recorded layer output was modified in place after its module returned (e.g. a "
                     "functional relu_ or +=); FusedCurvature with mc_fisher cannot redo the forward: "
                     "use nn modules with inplace=True (detected and protected) or out-of-place ops")
-            V = output_factors(la._lik, "mc_fisher", ff, yy, la.n_mc_samples, la.generator)
+            V = output_factors(la.lik, "mc_fisher", ff, yy, la.n_mc_samples, la.generator)
             self._cap.backward(f, V.reshape(V.shape[0], *f.shape), retain_graph=True)
 
 
@@ -166,8 +170,8 @@ class FusedCurvature:
     def __init__(self, la, chunk_size: int = 512, chunk_bytes: int = 2**26):
         if la.curvature not in FUSED_CURVATURES:
             raise ValueError(f"FusedCurvature: curvature must be one of {FUSED_CURVATURES}; got {la.curvature!r}")
-        if la.hessian_structure not in FUSED_STRUCTURES:
-            raise ValueError(f"FusedCurvature: hessian_structure must be one of {FUSED_STRUCTURES}; "
+        if not la.structure.supports_fused:
+            raise ValueError(f"FusedCurvature: hessian_structure must be one of {fused_structures()}; "
                              f"got {la.hessian_structure!r}")
         if la.subset_of_weights not in FUSED_SUBSETS:
             raise ValueError(f"FusedCurvature: subset_of_weights must be one of {FUSED_SUBSETS}; "
@@ -185,10 +189,7 @@ class FusedCurvature:
     def begin(self) -> None:
         """Reset the accumulators (curvature, loss, n_data). Leaves the model's train/eval mode alone."""
         la = self.la
-        la._structure.reset()
-        la.loss = torch.zeros((), device=la._device, dtype=la._dtype)
-        la.n_data = 0
-        la._fitted = False
+        la.reset_accumulators()
         self._pending.clear()
         self._ready.clear()
         self._ready_n = 0
@@ -267,12 +268,12 @@ class FusedCurvature:
             merged.append(Record(m, calls or []))
         with torch.no_grad():
             if len(rest) < len(self._modules):
-                self.la._structure.accumulate(merged)
+                self.la.structure.accumulate(merged)
             for recs, sc, _ in ready if rest else ():
                 part = [Record(m) for m in self._modules]
                 for j in rest:
                     part[j].calls = [_scaled_call(c, sc) for c in recs[j].calls]
-                self.la._structure.accumulate(part)
+                self.la.structure.accumulate(part)
         for recs, _, _ in ready:
             for r in recs:
                 r.calls.clear()

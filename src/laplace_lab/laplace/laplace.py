@@ -11,7 +11,7 @@ heteroscedastic = ``-sum NLL / T``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, MutableMapping
 
 import torch
 from torch import nn
@@ -21,9 +21,15 @@ from laplace_lab.laplace.capture import Capture, has_inplace_modules
 from laplace_lab.laplace.chain import Chain
 from laplace_lab.laplace.curvature import CURVATURES, output_factors
 from laplace_lab.laplace.likelihoods import LIKELIHOODS, get_likelihood
-from laplace_lab.laplace.matrix_free.lowrank import LowRankStructure
+from laplace_lab.laplace.matrix_free import lowrank as _lowrank  # noqa: F401  (registers "lowrank")
 from laplace_lab.laplace.normgroups import n_groups as count_groups
 from laplace_lab.laplace.normgroups import normgroups
+from laplace_lab.laplace.options import (
+    PRIOR_STRUCTURE_ALIASES,
+    FeatureReduction,
+    TuningMethod,
+    check_choice,
+)
 from laplace_lab.laplace.priors import (
     PRIOR_STRUCTURES,
     expand_groups,
@@ -34,15 +40,75 @@ from laplace_lab.laplace.priors import (
 from laplace_lab.laplace.structures import STRUCTURES
 from laplace_lab.laplace.subset import SUBSETS, select
 
-_STRUCTURES = {**STRUCTURES, "lowrank": LowRankStructure}  # lowrank: matrix-free (issue 10)
-
 _CONFIG_KEYS = ("likelihood", "subset_of_weights", "hessian_structure", "curvature",
                 "prior_structure", "n_mc_samples")
 
 
-def _check_choice(option: str, value, allowed) -> None:
-    if value not in allowed:
-        raise ValueError(f"{option} must be one of {tuple(allowed)}; got {value!r}")
+_check_choice = check_choice
+
+
+def structure_kwargs(struct_cls, options: dict) -> dict:
+    """The constructor keywords of a structure: its declared ``options`` taken from ``options``."""
+    unknown = sorted(set(options) - set(struct_cls.options) - {"n_eigs"})
+    if unknown:
+        raise ValueError(f"structure_options {unknown} are not options of hessian_structure={struct_cls.name!r}; "
+                         f"allowed: {list(struct_cls.options)}")
+    return {k: options[k] for k in struct_cls.options if k in options}
+
+
+def real_tensor(option: str, value, dtype) -> torch.Tensor:
+    """``value`` (a real number or a 0-/1-d real tensor) as a tensor; anything else is a ``ValueError``
+    naming ``option`` (laplace-torch's rule: ``[1, 1]`` or strings are rejected)."""
+    if isinstance(value, torch.Tensor):
+        t = value
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        t = torch.as_tensor(value, dtype=dtype)
+    else:
+        raise ValueError(f"{option} must be a real number or a 0-/1-d tensor; got {type(value).__name__}")
+    if t.ndim > 1 or t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"{option} must be a real number or a 0-/1-d tensor; got shape {tuple(t.shape)}")
+    return t
+
+
+def resolve_backend(backend, curvature: str) -> str:
+    """The curvature name from laplace-torch's ``backend`` (a curvature name, or a class / object with a
+    ``curvature`` attribute such as ``compat.CurvlinopsGGN``) and ours; ``backend=None`` keeps ``curvature``."""
+    curvature = _check_choice("curvature", curvature, CURVATURES)
+    if backend is None:
+        return curvature
+    name = getattr(backend, "curvature", backend)
+    if not isinstance(name, str):
+        raise ValueError(f"backend must be a curvature name {CURVATURES} or a laplace_lab.laplace.compat "
+                         f"backend class (e.g. CurvlinopsGGN); got {backend!r}")
+    name = _check_choice("backend", name, CURVATURES)
+    if curvature != "ggn" and curvature != name:
+        raise ValueError(f"backend={backend!r} (curvature {name!r}) contradicts curvature={curvature!r}")
+    return name
+
+
+class _BoundKwargs:
+    """Swaps ``la.model`` for a module calling it with fixed keyword arguments, for one predictive call."""
+
+    def __init__(self, la, kwargs: dict):
+        self.la, self.kwargs = la, kwargs
+
+    def __enter__(self):
+        if self.kwargs:
+            self.model = self.la.model
+            self.la.model = _WithKwargs(self.model, self.kwargs)
+
+    def __exit__(self, *exc):
+        if self.kwargs:
+            self.la.model = self.model
+
+
+class _WithKwargs(nn.Module):
+    def __init__(self, model: nn.Module, kwargs: dict):
+        super().__init__()
+        self.inner, self.kwargs = model, kwargs
+
+    def forward(self, x):
+        return self.inner(x, **self.kwargs)
 
 
 class Laplace:
@@ -94,13 +160,30 @@ class Laplace:
         generator: torch.Generator | None = None,
         seed: int | None = None,
         n_eigs: int = 100,
+        structure_options: dict | None = None,
         prior_groups: torch.Tensor | None = None,
         example_input: torch.Tensor | None = None,
+        backend=None,
+        backend_kwargs: dict | None = None,
+        asdl_fisher_kwargs: dict | None = None,
+        enable_backprop: bool = False,
+        feature_reduction: str | None = None,
+        dict_key_x: str = "input_ids",
+        dict_key_y: str = "labels",
     ):
-        _check_choice("likelihood", likelihood, LIKELIHOODS)
-        _check_choice("subset_of_weights", subset_of_weights, SUBSETS)
-        _check_choice("hessian_structure", hessian_structure, tuple(_STRUCTURES))
-        _check_choice("curvature", curvature, CURVATURES)
+        likelihood = _check_choice("likelihood", likelihood, LIKELIHOODS)
+        curvature = resolve_backend(backend, curvature)
+        for name, kw in (("backend_kwargs", backend_kwargs), ("asdl_fisher_kwargs", asdl_fisher_kwargs)):
+            if kw:
+                raise ValueError(f"{name} are options of laplace-torch's third-party backends; this engine "
+                                 f"computes curvature itself and takes none (got {sorted(kw)})")
+        if feature_reduction is not None:
+            feature_reduction = _check_choice("feature_reduction", feature_reduction, FeatureReduction.values())
+        self.feature_reduction = feature_reduction
+        self.enable_backprop = bool(enable_backprop)
+        self.dict_key_x, self.dict_key_y = dict_key_x, dict_key_y
+        subset_of_weights = _check_choice("subset_of_weights", subset_of_weights, SUBSETS)
+        hessian_structure = _check_choice("hessian_structure", hessian_structure, tuple(STRUCTURES))
         if not (isinstance(n_mc_samples, int) and n_mc_samples >= 1):
             raise ValueError(f"n_mc_samples must be a positive int; got {n_mc_samples!r}")
         if not float(temperature) > 0:
@@ -122,10 +205,13 @@ class Laplace:
         self.n_params = sum(p.numel() for p in self.params)
         self._sizes = [p.numel() for p in self.params]
 
+        prior_precision = real_tensor("prior_precision", prior_precision, self._dtype)
+        if prior_structure is not None:
+            prior_structure = PRIOR_STRUCTURE_ALIASES.get(prior_structure, prior_structure)
         if prior_structure is None:
             prior_structure = infer_structure(prior_precision, self.n_layers, self.n_params)
         _check_choice("prior_structure", prior_structure, PRIOR_STRUCTURES)
-        struct_cls = _STRUCTURES[hessian_structure]
+        struct_cls = STRUCTURES[hessian_structure]
         self.prior_groups, self.n_groups = None, None
         if prior_structure == "normgroups":  # structures see the per-tensor (layerwise) expansion
             groups = prior_groups if prior_groups is not None else normgroups(model, self.params, example_input)
@@ -142,7 +228,7 @@ class Laplace:
         self.prior_structure = prior_structure
         self.prior_precision = prior_precision
         self.prior_mean = prior_mean
-        if likelihood != "regression" and float(torch.as_tensor(sigma_noise).detach().reshape(-1)[0]) != 1.0:
+        if likelihood != "regression" and float(real_tensor("sigma_noise", sigma_noise, self._dtype).detach().reshape(-1)[0]) != 1.0:
             raise ValueError(f"sigma_noise must be 1 for likelihood={likelihood!r}; got {sigma_noise!r}")
         self.sigma_noise = sigma_noise
 
@@ -150,7 +236,7 @@ class Laplace:
             generator = torch.Generator(device=self._device).manual_seed(seed)
         self.generator = generator
         self._structure = struct_cls(self.entries, self._device, self._dtype,
-                                     **({"n_eigs": n_eigs} if hessian_structure == "lowrank" else {}))
+                                     **structure_kwargs(struct_cls, {"n_eigs": n_eigs, **(structure_options or {})}))
         self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
         self.linear_offset = None  # [P] theta* - theta_hat once linear_mode.fit_linear_mode ran
         self.loss = torch.zeros((), device=self._device, dtype=self._dtype)
@@ -167,8 +253,59 @@ class Laplace:
 
     @prior_precision.setter
     def prior_precision(self, value) -> None:
+        value = real_tensor("prior_precision", value, self._dtype)
         self._prior_precision = to_vector(value, self.prior_structure, self.n_layers, self.n_params,
                                           device=self._device, dtype=self._dtype, n_groups=self.n_groups)
+
+    # ---- read-only views for other modules (no one reads the underscored attributes) --------------------
+    @property
+    def structure(self):
+        """The posterior-structure object (``structures.base`` protocol)."""
+        return self._structure
+
+    @property
+    def lik(self):
+        """The likelihood object (``likelihoods``)."""
+        return self._lik
+
+    @property
+    def sizes(self) -> list[int]:
+        """Numel of every parameter tensor of the subset, in subset order."""
+        return list(self._sizes)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def fitted(self) -> bool:
+        return self._fitted
+
+    @property
+    def use_chain(self) -> bool:
+        """Whether ``fit`` may use the graph-free ``chain.Chain`` (False: always the autograd capture)."""
+        return self._use_chain
+
+    @use_chain.setter
+    def use_chain(self, value: bool) -> None:
+        self._use_chain = bool(value)
+
+    @property
+    def chain(self):
+        """The ``chain.Chain`` the last ``fit_begin`` built (``None``: the autograd capture path)."""
+        return self._chain
+
+    def check_fitted(self) -> None:
+        """``RuntimeError`` unless ``fit`` (or ``load_state_dict``) ran."""
+        self._check_fitted()
+
+    @property
+    def structure_prior(self) -> torch.Tensor:
+        return self._structure_prior
 
     @property
     def _structure_prior(self) -> torch.Tensor:
@@ -189,7 +326,7 @@ class Laplace:
 
     @prior_mean.setter
     def prior_mean(self, value) -> None:
-        t = torch.as_tensor(value, dtype=self._dtype).to(device=self._device).reshape(-1)
+        t = real_tensor("prior_mean", value, self._dtype).to(device=self._device, dtype=self._dtype).reshape(-1)
         if t.numel() not in (1, self.n_params):
             raise ValueError(f"prior_mean must be a float or have n_params={self.n_params} entries")
         self._prior_mean = t
@@ -200,38 +337,61 @@ class Laplace:
 
     @sigma_noise.setter
     def sigma_noise(self, value) -> None:
-        t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value, dtype=self._dtype)
+        t = real_tensor("sigma_noise", value, self._dtype)
         if t.numel() != 1:
             raise ValueError("sigma_noise must be a scalar (homoscedastic noise)")
         self._sigma_noise = t.to(device=self._device, dtype=self._dtype).reshape(())
 
     @property
-    def _H_factor(self) -> torch.Tensor:
+    def H_factor(self) -> torch.Tensor:
         """Curvature scale ``c = 1 / (sigma^2 T)`` (``1 / T`` unless regression)."""
         if self.likelihood == "regression":
             return 1.0 / (self.sigma_noise.square() * self.temperature)
         return torch.as_tensor(1.0 / self.temperature, device=self._device, dtype=self._dtype)
 
+    _H_factor = H_factor  # the name used inside the engine
+
     # ---- fitting ----------------------------------------------------------------------------------
-    def fit(self, train_loader: Iterable, override: bool = True) -> None:
-        """One pass over ``train_loader`` (yields ``(X, y)``): ``fit_begin``, ``fit_batch``, ``fit_end``."""
-        if self.hessian_structure == "lowrank":  # matrix-free: loss pass + Lanczos (matrix_free.lowrank)
+    def fit(self, train_loader: Iterable, override: bool = True, progress_bar: bool = False) -> None:
+        """One pass over ``train_loader`` (yields ``(X, y)`` or a dict batch with ``dict_key_y`` holding the
+        targets, the whole dict being the model input): ``fit_begin``, ``fit_batch``, ``fit_end``."""
+        if progress_bar:
+            from tqdm.auto import tqdm
+            train_loader = tqdm(train_loader, desc="Laplace fit")
+        if self._structure.self_fitting:  # e.g. lowrank: loss pass + Lanczos (matrix_free.lowrank)
             if not override:
-                raise ValueError("override=False is not supported with hessian_structure='lowrank'")
+                raise ValueError(f"override=False is not supported with hessian_structure={self.hessian_structure!r}")
             self.fit_begin()
             self.loss, self.n_data, self.n_outputs = self._structure.fit(self, train_loader)
             return self.fit_end()
         self.fit_begin(override=override)
-        for X, y in train_loader:
-            self.fit_batch(X, y)
+        for batch in train_loader:
+            self.fit_batch(*self.unpack_batch(batch))
         self.fit_end()
+
+    def unpack_batch(self, batch) -> tuple:
+        """``(X, y)`` of a loader batch: a pair, or a mapping (model input = the mapping, targets =
+        ``batch[dict_key_y]``, Hugging Face style)."""
+        if isinstance(batch, MutableMapping):
+            if self.dict_key_y not in batch:
+                raise KeyError(f"dict batch has no targets under dict_key_y={self.dict_key_y!r}; "
+                                 f"keys: {sorted(batch)}")
+            return batch, batch[self.dict_key_y]
+        X, y = batch
+        return X, y
+
+    def reset_accumulators(self) -> None:
+        """Empty curvature, loss and ``n_data``; the object counts as not fitted until ``fit_end``.
+        (Used by ``fit_begin`` and by the fused training-step hooks, which leave the model's mode alone.)"""
+        self._structure.reset()
+        self.loss = torch.zeros((), device=self._device, dtype=self._dtype)
+        self.n_data = 0
+        self._fitted = False
 
     def fit_begin(self, override: bool = True) -> None:
         """Reset the accumulators (``override``), switch the model to eval mode, store the mean."""
         if override:
-            self._structure.reset()
-            self.loss = torch.zeros((), device=self._device, dtype=self._dtype)
-            self.n_data = 0
+            self.reset_accumulators()
         self._was_training = self.model.training
         self.model.eval()
         self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
@@ -241,7 +401,7 @@ class Laplace:
         self._chain = None
         if self._use_chain:
             self._chain = Chain.build(self.model, [e.module for e in self.entries],
-                                      block_order_ok=self.hessian_structure == "kron")
+                                      block_order_ok=self._structure.any_block_order)
 
     def fit_batch(self, X, y) -> None:
         """Accumulate curvature and loss of one batch (one forward, one batched backward)."""
@@ -331,26 +491,20 @@ class Laplace:
     # ---- posterior ------------------------------------------------------------------------------------
     @property
     def H(self):
-        s = self._structure
-        return {"full": lambda: s.H, "diag": lambda: s.h, "kron": lambda: s.blocks,
-                "lowrank": lambda: (s.U, s.eigvals)}[s.name]()
+        """The curvature in the structure's form (full: [P, P]; diag: [P]; kron: typed blocks; lowrank: (U, eigvals))."""
+        return self._structure.H
 
     @property
     def posterior_precision(self):
-        """full: [P, P]; diag: [P]; kron: the ``KronStructure`` (eigen-blocks; ``.dense_precision``)."""
+        """full: [P, P]; diag: [P]; kron: a ``KronPrecision`` view (``to_matrix(exponent)``, ``logdet()``)."""
         self._check_fitted()
-        s = self._structure
-        if s.name == "kron":
-            return s
-        return s.precision(self._H_factor, self._structure_prior)
+        return self._structure.precision(self._H_factor, self._structure_prior)
 
     @property
     def posterior_covariance(self) -> torch.Tensor:
         """full: [P, P] covariance; diag: [P] variances; kron: [P] marginal variances."""
         self._check_fitted()
-        if self._structure.name == "full":
-            return self._structure.covariance(self._H_factor, self._structure_prior)
-        return self.posterior_variance
+        return self._structure.covariance(self._H_factor, self._structure_prior)
 
     @property
     def posterior_variance(self) -> torch.Tensor:
@@ -363,6 +517,69 @@ class Laplace:
         self._check_fitted()
         return self._structure.functional_variance(Js, self._H_factor, self._structure_prior)
 
+    def functional_covariance(self, Js: torch.Tensor) -> torch.Tensor:
+        """Joint ``J Sigma J^T`` across inputs and outputs: Jacobians ``[N, C, P]`` -> ``[N C, N C]``."""
+        N, C, P = Js.shape
+        return self.functional_variance(Js.reshape(1, N * C, P))[0]
+
+    def jacobians(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dense per-input Jacobians of the network outputs w.r.t. the subset: ``(Js [B, C, P], f [B, C])``
+        (``torch.func``; memory ``B C P``, for small models and tests; the predictive never forms them)."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        keys = [names[id(p)] for p in self.params]
+        theta = tuple(p.detach() for p in self.params)
+
+        def out(ps, xi):
+            return torch.func.functional_call(self.model, dict(zip(keys, ps)), (xi[None],), strict=False).reshape(-1)
+
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            jac = torch.func.vmap(torch.func.jacrev(out), in_dims=(None, 0))(theta, x)
+            with torch.no_grad():
+                f = self.model(x).reshape(x.shape[0], -1)
+        finally:
+            self.model.train(was_training)
+        return torch.cat([j.reshape(*j.shape[:2], -1) for j in jac], -1), f
+
+    def functional_samples(self, x, pred_type: str = "glm", n_samples: int = 100, diagonal_output: bool = False,
+                           generator: torch.Generator | None = None) -> torch.Tensor:
+        """``[n_samples, B, C]`` draws of the network output ``f(x)`` under the posterior: "glm" from
+        ``N(f_mean, J Sigma J^T)`` (``diagonal_output``: independent outputs), "nn" the network at
+        weight draws. No likelihood applied."""
+        pred_type = _check_choice("pred_type", pred_type, ("glm", "nn"))
+        gen = generator if generator is not None else self.generator
+        if pred_type == "nn":
+            return predictive.nn_samples(self, x, n_samples, gen)
+        f, fvar = predictive.glm_moments(self, x, diag=diagonal_output)
+        if diagonal_output:
+            eps = torch.randn(n_samples, *f.shape, generator=gen, device=f.device, dtype=f.dtype)
+            return f + fvar.sqrt() * eps
+        return predictive.mvn_samples(f, fvar, n_samples, gen)
+
+    def predictive_samples(self, x, pred_type: str = "glm", n_samples: int = 100, diagonal_output: bool = False,
+                           generator: torch.Generator | None = None) -> torch.Tensor:
+        """``functional_samples`` with the inverse link applied: softmax probabilities ``[S, B, C]`` for
+        classification, the network outputs otherwise."""
+        fs = self.functional_samples(x, pred_type, n_samples, diagonal_output, generator)
+        return torch.softmax(fs, -1) if self.likelihood == "classification" else fs
+
+    def log_prob(self, value: torch.Tensor, normalized: bool = True) -> torch.Tensor:
+        """Log density of the Gaussian posterior ``N(mean, P^{-1})`` at ``value`` ``[P]`` (0-dim);
+        ``normalized=False`` drops the log det and ``2 pi`` terms."""
+        self._check_fitted()
+        d = value - self.mean
+        out = -0.5 * self._structure.square_norm(d, self._H_factor, self._structure_prior)
+        if normalized:
+            out = out + 0.5 * (self.log_det_posterior_precision - self.n_params * math.log(2 * math.pi))
+        return out
+
+    @property
+    def H_facs(self):
+        """kron: the un-decomposed curvature factors, per parameter tensor ``[G, A]`` (weights of Linear /
+        Conv layers, ``H ~= G (x) A``), ``[G]`` (their biases) or ``[h]`` (diagonal blocks)."""
+        return self._structure.factors
+
     def sample(self, n_samples: int = 100, generator: torch.Generator | None = None) -> torch.Tensor:
         """``[n_samples, P]`` draws from ``N(mean, P^{-1})``."""
         self._check_fitted()
@@ -371,38 +588,96 @@ class Laplace:
             z = self._structure.sample(n_samples, self._H_factor, self._structure_prior, gen)
         return self.mean + z
 
-    def __call__(self, x, pred_type: str = "glm", link_approx: str | None = None, n_samples: int = 100,
-                 joint: bool = False, chunk_size: int | None = 256, return_parts: bool = False,
-                 generator: torch.Generator | None = None):
-        """Predictive at ``x`` ``[B, ...]``: classification -> probabilities ``[B, C]``; regression ->
-        ``(mean, var)`` ``[B, O]`` (``joint``: var ``[B, O, O]``; ``return_parts``: a
-        ``RegressionPredictive(mean, var, aleatoric, epistemic)``). ``pred_type`` "glm" | "nn" |
-        "map"; ``link_approx`` "probit" (default for glm) | "mc" | "bridge" | "bridge_norm".
+    def __call__(self, x, pred_type: str = "glm", joint: bool = False, link_approx: str | None = None,
+                 n_samples: int = 100, diagonal_output: bool = False, generator: torch.Generator | None = None,
+                 fitting: bool = False, *, joint_outputs: bool = False, return_parts: bool = False,
+                 chunk_size: int | None = 256, **model_kwargs):
+        """Predictive at ``x`` ``[B, ...]`` (laplace-torch's argument order and return conventions).
+
+        - classification: probabilities ``[B, C]``.
+        - regression: ``(f_mean [B, C], f_var)``, the *functional* (co)variance without the observation
+          noise (add ``sigma_noise**2`` for the predictive of ``y``): ``[B, C, C]``, or ``[B, C]`` with
+          ``diagonal_output`` (glm) or ``pred_type="nn"`` (sample variance).
+        - heteroscedastic regression: ``(mean [B, D], var [B, D])`` of ``y`` (input-dependent noise included).
+        - ``return_parts`` (regression likelihoods): ``RegressionPredictive(mean, var, aleatoric, epistemic)``
+          with ``var = aleatoric + epistemic``, ``[B, D]`` or ``[B, D, D]`` with ``joint_outputs``.
+
+        ``pred_type`` "glm" | "nn" | "map"; ``link_approx`` "probit" (default for glm) | "mc" | "bridge" |
+        "bridge_norm". ``joint=True`` (regression glm): ``(f_mean [B C], covariance [B C, B C])`` across all
+        inputs (dense Jacobians: small models).
+        ``model_kwargs`` are passed to the model's forward. ``chunk_size``: inputs per forward/backward.
         See ``laplace_lab.laplace.predictive`` for conventions and differentiability."""
-        return predictive.predict(self, x, pred_type=pred_type, link_approx=link_approx, n_samples=n_samples,
-                                  joint=joint, chunk_size=chunk_size, return_parts=return_parts,
-                                  generator=generator)
+        if joint:  # laplace-torch: the GP-like covariance across all inputs and outputs
+            if self.likelihood != "regression" or pred_type != "glm" or return_parts:
+                raise ValueError("joint=True (covariance across the inputs of x) needs likelihood='regression' "
+                                 f"and pred_type='glm'; got {self.likelihood!r}, {pred_type!r}")
+            with self._model_kwargs(model_kwargs):
+                f = predictive.glm_moments(self, x, diag=True, chunk_size=chunk_size)[0]
+                Js, _ = self.jacobians(x)
+            return f.reshape(-1), self.functional_covariance(Js)
+        if fitting:
+            raise ValueError("fitting=True is laplace-torch's reward-modelling switch; likelihood "
+                             "'reward_modeling' is not supported")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError(f"generator must be a torch.Generator; got {type(generator).__name__}")
+        plain_regression = self.likelihood == "regression" and not return_parts
+        with self._model_kwargs(model_kwargs):
+            out = predictive.predict(
+                self, x, pred_type=pred_type, link_approx=link_approx, n_samples=n_samples,
+                joint=(joint_outputs or (plain_regression and not diagonal_output)) and pred_type != "nn",
+                chunk_size=chunk_size, return_parts=return_parts or plain_regression, generator=generator)
+        if plain_regression:
+            return out.mean, out.epistemic
+        return out
+
+    def _model_kwargs(self, model_kwargs: dict):
+        """Context: ``self.model`` called with ``model_kwargs`` (hooks on its modules stay in place)."""
+        return _BoundKwargs(self, model_kwargs)
 
     # ---- prior optimisation ---------------------------------------------------------------------------
     def optimize_prior_precision(
         self,
+        pred_type: str = "glm",
         method: str = "marglik",
         n_steps: int = 100,
         lr: float = 0.1,
         init_prior_prec: float | torch.Tensor | None = None,
-        tune_sigma_noise: bool = False,
+        prior_structure: str | None = None,
         val_loader: Iterable | None = None,
-        grid: Iterable[float] | None = None,
-        pred_type: str = "nn",
+        loss=None,
+        log_prior_prec_min: float = -4,
+        log_prior_prec_max: float = 4,
+        grid_size: int = 100,
+        link_approx: str | None = None,
         n_samples: int = 100,
+        verbose: bool = False,
+        progress_bar: bool = False,
+        *,
+        tune_sigma_noise: bool = False,
+        grid: Iterable[float] | None = None,
     ) -> None:
-        """``marglik``: Adam on log prior precision (and log sigma if ``tune_sigma_noise``) for
-        ``n_steps`` steps. ``gridsearch``: scalar values in ``grid`` (default ``logspace(-4, 4, 21)``)
-        minimising the validation NLL of the predictive on ``val_loader``."""
+        """laplace-torch's signature. ``marglik``: Adam on the log prior precision (and log sigma if
+        ``tune_sigma_noise``) for ``n_steps`` steps. ``gridsearch``: scalar precisions ``grid`` (default
+        ``logspace(log_prior_prec_min, log_prior_prec_max, grid_size)``) minimising the validation NLL of
+        the ``pred_type`` predictive (``link_approx``, ``n_samples``) on ``val_loader``.
+        ``init_prior_prec``: start value (default: the current prior precision, see
+        docs/laplace_torch_compat.md); ``prior_structure``: switch the prior's shape first."""
         self._check_fitted()
-        _check_choice("method", method, ("marglik", "gridsearch"))
+        method = _check_choice("method", method, TuningMethod.values())
+        pred_type = _check_choice("pred_type", pred_type, ("glm", "nn"))
+        if loss is not None:
+            raise ValueError("loss: only the default (validation NLL of the predictive) is supported; got "
+                             f"{loss!r}")
+        if not (isinstance(grid_size, int) and grid_size >= 1):
+            raise ValueError(f"grid_size must be a positive int; got {grid_size!r}")
+        if prior_structure is not None:
+            self._switch_prior_structure(prior_structure)
         if init_prior_prec is not None:
             self.prior_precision = init_prior_prec
+        steps = range(n_steps)
+        if progress_bar:
+            from tqdm.auto import trange
+            steps = trange(n_steps, desc="prior precision")
         if method == "marglik":
             log_pp = self.prior_precision.detach().clone().log().requires_grad_(True)
             params = [log_pp]
@@ -412,30 +687,44 @@ class Laplace:
                 log_sigma = self.sigma_noise.detach().clone().log().requires_grad_(True)
                 params.append(log_sigma)
             opt = torch.optim.Adam(params, lr=lr)
-            for _ in range(n_steps):
+            for _ in steps:
                 opt.zero_grad()
                 sigma = log_sigma.exp() if tune_sigma_noise else None
-                loss = -self.log_marginal_likelihood(log_pp.exp(), sigma)
-                loss.backward()
+                neg = -self.log_marginal_likelihood(log_pp.exp(), sigma)
+                neg.backward()
                 opt.step()
             self.prior_precision = log_pp.detach().exp()
             if tune_sigma_noise:
                 self.sigma_noise = log_sigma.detach().exp()
+            if verbose:
+                print(f"optimize_prior_precision: prior precision {self.prior_precision.tolist()}")
             return
         if val_loader is None:
             raise ValueError("method='gridsearch' needs val_loader")
-        _check_choice("pred_type", pred_type, ("glm", "nn"))
-        grid = list(grid) if grid is not None else torch.logspace(-4, 4, 21).tolist()
+        if grid is None:
+            grid = torch.logspace(log_prior_prec_min, log_prior_prec_max, grid_size).tolist()
         best, best_nll = None, math.inf
-        for value in grid:
+        for value in list(grid):
             self.prior_precision = value
-            nll = self._validation_nll(val_loader, pred_type, n_samples)
+            nll = self._validation_nll(val_loader, pred_type, n_samples, link_approx)
+            if verbose:
+                print(f"optimize_prior_precision: prior precision {value:.4g} -> validation NLL {nll:.4f}")
             if nll < best_nll:
                 best, best_nll = value, nll
         self.prior_precision = best
 
+    def _switch_prior_structure(self, prior_structure: str) -> None:
+        prior_structure = PRIOR_STRUCTURE_ALIASES.get(str(prior_structure), str(prior_structure))
+        allowed = tuple(p for p in self._structure.prior_structures if p in PRIOR_STRUCTURES)
+        if prior_structure == self.prior_structure:
+            return
+        _check_choice("prior_structure", prior_structure, allowed)
+        value = self.prior_precision_diag if prior_structure == "diagonal" else self.prior_precision.mean()
+        self.prior_structure = prior_structure
+        self.prior_precision = value.detach()
+
     @torch.no_grad()
-    def _validation_nll(self, loader, pred_type: str, n_samples: int) -> float:
+    def _validation_nll(self, loader, pred_type: str, n_samples: int, link_approx: str | None = None) -> float:
         gen = torch.Generator(device=self._device).manual_seed(0)
         total, count = 0.0, 0
         for X, y in loader:
@@ -444,7 +733,8 @@ class Laplace:
                 out = self._nn_samples(X, n_samples, gen)  # [S, N, ...]
                 total += float(self._predictive_nll(out, y, pred_type))
             else:
-                out = self(X, pred_type=pred_type, n_samples=n_samples, generator=gen)
+                out = self(X, pred_type=pred_type, link_approx=link_approx, n_samples=n_samples, generator=gen,
+                           return_parts=self.likelihood != "classification")  # regression: var incl. noise
                 total += float(predictive.predictive_nll(self.likelihood, out, y))
             count += X.shape[0]
         return total / count

@@ -170,10 +170,10 @@ def kn_blocks(c: Call) -> list[torch.Tensor]:
     """The output gradients of a call as tensors whose first dimension runs over (factor, sample)
     pairs: one ``[K N, *out]`` view when ``c.grad`` is a tensor (``Chain``), else the ``K``
     per-factor ``[N, *out]`` tensors (``Capture``'s autograd loop; never stacked)."""
-    if c._grad is None and c.s2d is not None:  # sums over positions: their order does not matter
+    if c.stacked_grad is None and c.s2d is not None:  # sums over positions: their order does not matter
         return [c.s2d.flatten(0, 1)]
-    if c._grad is not None:
-        return [flat_kn(c._grad)]
+    if c.stacked_grad is not None:
+        return [flat_kn(c.stacked_grad)]
     return c.grads
 
 
@@ -266,16 +266,16 @@ def diag_sq(m: nn.Module, names: list[str], calls: list[Call]) -> dict[str, torc
     """``{name: sum_{k,n} (per-sample grad)^2}`` with the shape of each parameter."""
     if is_kfac_module(m) and len(calls) == 1:
         c = calls[0]
-        if isinstance(m, nn.Conv2d) and c.pooled is not None and c._grad is None:
+        if isinstance(m, nn.Conv2d) and c.pooled is not None and c.stacked_grad is None:
             return _conv_psg_sq_pooled(m, names, c.args[0], *c.pooled)
-        if isinstance(m, nn.Conv2d) and c.s2d is not None and c._grad is None:
+        if isinstance(m, nn.Conv2d) and c.s2d is not None and c.stacked_grad is None:
             return _conv_psg_sq(m, names, c.args[0], c.s2d.transpose(0, 1), s2d=True)
         if isinstance(m, nn.Conv2d):
-            return _conv_psg_sq(m, names, c.args[0], c._grad if c._grad is not None else c.grads)
+            return _conv_psg_sq(m, names, c.args[0], c.stacked_grad if c.stacked_grad is not None else c.grads)
         a = rows_in(m, c.args[0])
         if a.shape[1] == 1:  # Linear without weight sharing: closed form
-            if c._grad is not None:
-                g2 = c._grad.square().sum(0).reshape(a.shape[0], -1)  # [N, D_out]
+            if c.stacked_grad is not None:
+                g2 = c.stacked_grad.square().sum(0).reshape(a.shape[0], -1)  # [N, D_out]
             else:
                 g2 = sum(gk.reshape(gk.shape[0], -1).square() for gk in c.grads)
             out = {}
@@ -346,9 +346,9 @@ def kfac_factors(m: nn.Module, calls: list[Call]) -> tuple[torch.Tensor, torch.T
         if isinstance(m, nn.Conv2d):
             A_c, n_rows = conv_A(m, a)
             G_c = 0
-            if c.pooled is not None and c._grad is None:
+            if c.pooled is not None and c.stacked_grad is None:
                 G_c = _pooled_G(*c.pooled, c.out_shape[2:].numel())
-            for gk in (kn_blocks(c) if c.pooled is None or c._grad is not None else []):  # per factor or all at once: no [K, N, ...] stack
+            for gk in (kn_blocks(c) if c.pooled is None or c.stacked_grad is not None else []):  # per factor or all at once: no [K, N, ...] stack
                 gm = gk.flatten(2)  # [N, C_out, S]
                 G_c = G_c + torch.bmm(gm, gm.transpose(1, 2)).sum(0)
         else:

@@ -106,6 +106,15 @@ def _check(la, pred_type, link_approx, n_samples, joint, chunk_size, return_part
     return link_approx if pred_type == "glm" else "mc"
 
 
+def _chunks(x, chunk_size):
+    """Input chunks along the batch dim; a non-tensor input (e.g. a dict batch) is one chunk."""
+    return torch.split(x, chunk_size) if chunk_size and isinstance(x, torch.Tensor) else (x,)
+
+
+def _requires_grad(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.requires_grad
+
+
 def predict(la, x: torch.Tensor, pred_type: str = "glm", link_approx: str | None = None,
             n_samples: int = 100, joint: bool = False, chunk_size: int | None = 256,
             return_parts: bool = False, generator: torch.Generator | None = None,
@@ -113,10 +122,10 @@ def predict(la, x: torch.Tensor, pred_type: str = "glm", link_approx: str | None
     """``la(x, ...)``: see the module docstring. ``chunk_size``: inputs per forward/backward
     (memory bound); ``budget``: elements per per-layer Jacobian block; ``generator``: for the
     ``mc`` / ``nn`` draws (default ``la.generator``)."""
-    la._check_fitted()
+    la.check_fitted()
     link = _check(la, pred_type, link_approx, n_samples, joint, chunk_size, return_parts)
     gen = generator if generator is not None else la.generator
-    x = x.to(la._device) if isinstance(x, torch.Tensor) else x
+    x = x.to(la.device) if isinstance(x, torch.Tensor) else x
     was_training = la.model.training
     la.model.eval()
     track = torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.requires_grad
@@ -125,7 +134,7 @@ def predict(la, x: torch.Tensor, pred_type: str = "glm", link_approx: str | None
             with torch.set_grad_enabled(track):
                 out = _from_samples(la, nn_samples(la, x, n_samples, gen, chunk_size), joint)
         else:
-            chunks = torch.split(x, chunk_size) if chunk_size else (x,)
+            chunks = _chunks(x, chunk_size)
             view = posterior_view(la) if pred_type == "glm" else None
             outs = [_predict_chunk(la, xc, pred_type, link, n_samples, joint, gen, view, budget) for xc in chunks]
             out = tuple(torch.cat(parts) for parts in zip(*outs)) if isinstance(outs[0], tuple) else torch.cat(outs)
@@ -141,19 +150,19 @@ def glm_moments(la, x: torch.Tensor, diag: bool = False, chunk_size: int | None 
                 budget: int = DEFAULT_BUDGET) -> tuple[torch.Tensor, torch.Tensor]:
     """Latent Gaussian of the linearised network: ``(f_mu [B, C], f_var [B, C, C])``
     (``[B, C]`` variances if ``diag``). Differentiable w.r.t. ``x`` when ``x.requires_grad``."""
-    la._check_fitted()
+    la.check_fitted()
     view = posterior_view(la)
     was_training = la.model.training
     la.model.eval()
     try:
-        outs = [_moments(la, xc, diag, view, budget) for xc in (torch.split(x, chunk_size) if chunk_size else (x,))]
+        outs = [_moments(la, xc, diag, view, budget) for xc in _chunks(x, chunk_size)]
     finally:
         la.model.train(was_training)
     return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
 
 
 def _moments(la, x, diag, view, budget):
-    differentiable = torch.is_grad_enabled() and x.requires_grad
+    differentiable = torch.is_grad_enabled() and _requires_grad(x)
     f, fvar = functional_variance(la, x, diag=diag, differentiable=differentiable, view=view, budget=budget)
     offset = getattr(la, "linear_offset", None)
     if offset is not None:  # evidence at the linear mode: mean f(x; theta_hat) + J (theta* - theta_hat)
@@ -164,8 +173,9 @@ def _moments(la, x, diag, view, budget):
 
 def _predict_chunk(la, x, pred_type, link, n_samples, joint, gen, view, budget):
     if pred_type == "map":
-        with torch.set_grad_enabled(torch.is_grad_enabled() and x.requires_grad):
-            return _map(la, la.model(x).reshape(x.shape[0], -1), joint)
+        with torch.set_grad_enabled(torch.is_grad_enabled() and _requires_grad(x)):
+            out = la.model(x)
+            return _map(la, out.reshape(out.shape[0], -1), joint)
     lik = la.likelihood
     diag = (lik == "classification" and link == "probit") or (lik == "regression" and link != "mc" and not joint)
     f, fvar = _moments(la, x, diag, view, budget)
@@ -280,15 +290,17 @@ def nn_samples(la, x: torch.Tensor, n_samples: int, generator=None, chunk_size: 
     """Network outputs ``[S, B, C]`` at ``S = n_samples`` draws ``la.sample(S, generator)`` (one set
     of draws for all chunks of ``x``). The model's parameters are not modified."""
     thetas = la.sample(n_samples, generator)
-    chunks = torch.split(x, chunk_size) if chunk_size else (x,)
+    chunks = _chunks(x, chunk_size)
     return torch.cat([_nn_chunk(la, xc, thetas) for xc in chunks], 1)
 
 
 def _nn_chunk(la, x, thetas):
-    S, B = thetas.shape[0], x.shape[0]
+    S = thetas.shape[0]
+    B = x.shape[0] if isinstance(x, torch.Tensor) else None  # a dict input: from the output
     if la.subset_of_weights == "last_layer":
         m = la.entries[0].module
-        with Capture([m], protect_inplace=False) as cap:
+        # inputs keep their graph when grad mode is on: the predictive is differentiable w.r.t. x
+        with Capture([m], protect_inplace=False, detach_inputs=not torch.is_grad_enabled()) as cap:
             out = la.model(x)
         calls = cap.records[0].calls
         if len(calls) == 1 and calls[0].output is out:  # re-apply only the last layer
@@ -297,13 +309,14 @@ def _nn_chunk(la, x, thetas):
             fs = torch.einsum("...i,soi->s...o", a, W)
             if b is not None:
                 fs = fs + b.reshape(S, *([1] * (fs.ndim - 2)), -1)
-            return fs.reshape(S, B, -1)
+            return fs.reshape(S, out.shape[0], -1)
     names = {id(p): n for n, p in la.model.named_parameters()}
     outs = []
     for theta in thetas:
-        chunks = torch.split(theta, la._sizes)
+        chunks = torch.split(theta, la.sizes)
         params = {names[id(p)]: c.view_as(p) for p, c in zip(la.params, chunks)}
-        outs.append(functional_call(la.model, params, (x,)).reshape(B, -1))
+        o = functional_call(la.model, params, (x,))
+        outs.append(o.reshape(o.shape[0] if B is None else B, -1))
     return torch.stack(outs)
 
 

@@ -81,7 +81,7 @@ def fit_posthoc_laplace(cfg: DictConfig, module: MAPModule, datamodule: LabDataM
                                     lr=float(cfg.marglik.get("lr_hyp", 0.1)),
                                     tune_sigma_noise=module.likelihood == "regression")
     elif tuning == "gridsearch":
-        la.optimize_prior_precision(method="gridsearch", val_loader=datamodule.val_dataloader(),
+        la.optimize_prior_precision(method="gridsearch", val_loader=datamodule.val_dataloader(), grid_size=21,
                                     pred_type=cfg.predictive.pred_type, n_samples=int(cfg.predictive.n_samples))
     metrics |= {
         "laplace/log_marglik": float(la.log_marginal_likelihood().detach()),

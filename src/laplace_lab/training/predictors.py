@@ -31,7 +31,9 @@ def laplace_predictor(la, predictive: DictConfig) -> Callable:
 
     def predict(x: torch.Tensor):
         out = la(x, pred_type=predictive.pred_type, link_approx=predictive.link_approx,
-                 n_samples=int(predictive.n_samples))
+                 n_samples=int(predictive.n_samples), diagonal_output=True)
+        if la.likelihood == "regression":  # la(x) returns the functional variance: add the noise
+            return out[0], out[1] + la.sigma_noise.square().to(out[1])
         if isinstance(out, tuple):
             return out[0], out[1]
         return out

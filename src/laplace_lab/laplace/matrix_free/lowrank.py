@@ -37,7 +37,7 @@ from laplace_lab.laplace.matrix_free.ggn_operator import OPERATOR_CURVATURES, GG
 from laplace_lab.laplace.matrix_free.lanczos import lanczos
 from laplace_lab.laplace.modules import per_sample_grads
 from laplace_lab.laplace.priors import to_diag
-from laplace_lab.laplace.structures.base import Structure
+from laplace_lab.laplace.structures.base import Structure, register
 
 
 class LowRankPrecision(NamedTuple):
@@ -65,15 +65,30 @@ def covariance_factors(U: torch.Tensor, eigvals: torch.Tensor, c, prior: torch.T
     return 1.0 / d, G
 
 
+@register
 class LowRankStructure(Structure):
     """See the module docstring. ``n_eigs``: rank ``k``; ``n_steps``: Lanczos steps (default
     ``min(P, max(2k, k + 20))``); ``chunk_size`` / ``vec_chunk``: ``GGNOperator`` chunking;
     ``rtol``: relative eigenvalue cut-off; ``seed``: Lanczos start vector; ``block_size``: block
     Lanczos (vectors per batched GGN product; set the attribute after construction, e.g.
-    ``la._structure.block_size = 10``, Laplace only forwards ``n_eigs``)."""
+    ``la.structure.block_size = 10``, Laplace only forwards ``n_eigs``)."""
 
     name = "lowrank"
     prior_structures = ("scalar", "layerwise", "diagonal")
+    curvatures = tuple(OPERATOR_CURVATURES)
+    options = ("n_eigs",)
+    self_fitting = True
+
+    @classmethod
+    def check_options(cls, options: dict, key=str) -> None:
+        n_eigs = options.get("n_eigs", 100)
+        if not (isinstance(n_eigs, int) and n_eigs >= 1):
+            raise ValueError(f"{key('n_eigs')} must be a positive integer; got {n_eigs!r}")
+
+    @property
+    def H(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(U [P, k], eigvals [k])``: ``H ~= U diag(eigvals) U^T``."""
+        return self.U, self.eigvals
 
     def __init__(self, entries, device, dtype, n_eigs: int = 100, n_steps: int | None = None,
                  chunk_size: int | None = None, vec_chunk: int | None = None, rtol: float | None = None,
@@ -104,7 +119,7 @@ class LowRankStructure(Structure):
         if la.curvature not in OPERATOR_CURVATURES:
             raise ValueError(f"curvature must be one of {OPERATOR_CURVATURES} with hessian_structure="
                              f"'lowrank'; got {la.curvature!r}")
-        self.op = GGNOperator(la.model, la._lik, data, params=la.params, curvature=la.curvature,
+        self.op = GGNOperator(la.model, la.lik, data, params=la.params, curvature=la.curvature,
                               chunk_size=self.chunk_size, vec_chunk=self.vec_chunk)
         loss, n_data, n_outputs = self.op.loss()
         k = min(self.n_eigs, self.n_params)
@@ -126,7 +141,7 @@ class LowRankStructure(Structure):
     def _prior(self, prior):
         return to_diag(prior, self.sizes)
 
-    def _G(self, c, prior) -> tuple[torch.Tensor, torch.Tensor]:
+    def covariance_factors_at(self, c, prior) -> tuple[torch.Tensor, torch.Tensor]:
         """``(dinv [P], G [P, k])`` with ``Sigma = diag(dinv) - G G^T``."""
         return covariance_factors(self.U, self.eigvals, c, prior if prior.numel() == 1 else self._prior(prior))
 
@@ -144,20 +159,20 @@ class LowRankStructure(Structure):
 
     def covariance_matmul(self, V: torch.Tensor, c, prior) -> torch.Tensor:
         """``Sigma V`` for ``V`` ``[P, b]`` (Woodbury; never forms ``[P, P]``)."""
-        dinv, G = self._G(c, prior)
+        dinv, G = self.covariance_factors_at(c, prior)
         return dinv[:, None] * V - G @ (G.T @ V)
 
     def covariance(self, c, prior) -> torch.Tensor:
         """``[P, P]`` dense covariance (small models / tests only)."""
-        dinv, G = self._G(c, prior)
+        dinv, G = self.covariance_factors_at(c, prior)
         return torch.diag(dinv) - G @ G.T
 
     def posterior_variance(self, c, prior):
-        dinv, G = self._G(c, prior)
+        dinv, G = self.covariance_factors_at(c, prior)
         return dinv - G.square().sum(1)
 
     def functional_variance(self, Js, c, prior):
-        dinv, G = self._G(c, prior)
+        dinv, G = self.covariance_factors_at(c, prior)
         JG = Js @ G  # [N, C, k]
         return torch.einsum("ncp,nkp->nck", Js * dinv, Js) - JG @ JG.transpose(1, 2)
 
@@ -204,7 +219,7 @@ class LowRankView:
     (``modules.per_sample_grads``), then ``J D^-1 J^T - (J G)(J G)^T``."""
 
     def __init__(self, la):
-        self.dinv, self.G = la._structure._G(la._H_factor, la._structure_prior)
+        self.dinv, self.G = la.structure.covariance_factors_at(la.H_factor, la.structure_prior)
 
     def __call__(self, la, records, V, diag: bool, budget: int) -> torch.Tensor:
         K, N = next(c.grad for r in records for c in r.calls).shape[:2]

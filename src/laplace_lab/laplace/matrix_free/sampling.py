@@ -37,11 +37,11 @@ def ggn_operator(la, data: Iterable | None = None, chunk_size: int | None = None
     """``GGNOperator`` of a ``Laplace`` object's subset, likelihood and curvature over ``data``
     (``None``: the operator of a fitted ``hessian_structure="lowrank"`` Laplace)."""
     if data is None:
-        op = getattr(la._structure, "op", None)
+        op = getattr(la.structure, "op", None)
         if op is None:
             raise ValueError("data is required unless la is a fitted hessian_structure='lowrank' Laplace")
         return op
-    return GGNOperator(la.model, la._lik, data, params=la.params, curvature=la.curvature,
+    return GGNOperator(la.model, la.lik, data, params=la.params, curvature=la.curvature,
                        chunk_size=chunk_size, vec_chunk=vec_chunk)
 
 
@@ -122,8 +122,8 @@ def log_prior_precision_grad(op: GGNOperator, c, prior: torch.Tensor, sizes: lis
                              tol: float = 1e-6, max_iter: int | None = None) -> LogPriorGrad:
     """Stochastic gradient of the Laplace evidence w.r.t. ``log prior`` (``prior`` ``[1]``, ``[L]``
     with ``sizes`` the ``L`` tensor sizes, or ``[P]``); ``theta`` = ``mean - prior_mean`` ``[P]``.
-    For a ``Laplace`` object: ``(ggn_operator(la, loader), la._H_factor, la.prior_precision,
-    la._sizes, la.mean - la.prior_mean)``."""
+    For a ``Laplace`` object: ``(ggn_operator(la, loader), la.H_factor, la.prior_precision,
+    la.sizes, la.mean - la.prior_mean)``."""
     if not (isinstance(n_probes, int) and n_probes >= 1):
         raise ValueError(f"n_probes must be a positive int; got {n_probes!r}")
     P = op.n_params

@@ -1,4 +1,6 @@
-"""Posterior structures: full, diagonal and Kronecker-factored (KFAC) curvature.
+"""Posterior structures: full, diagonal and Kronecker-factored (KFAC) curvature (low-rank:
+``matrix_free.lowrank``), all implementing the protocol of ``structures.base`` and registered in
+``STRUCTURES`` by ``@register``.
 
 Each structure accumulates curvature batch by batch from captured module inputs and output
 gradients (``accumulate``), finalises once per fit (``finalize``: e.g. KFAC eigendecompositions)
@@ -6,11 +8,9 @@ and then answers every posterior query for a given curvature scale ``c = 1 / (si
 prior precision without another data pass.
 """
 
-from laplace_lab.laplace.structures.base import Structure
+from laplace_lab.laplace.structures.base import STRUCTURES, Structure, register
 from laplace_lab.laplace.structures.diag import DiagStructure
 from laplace_lab.laplace.structures.full import FullStructure
 from laplace_lab.laplace.structures.kron import KronStructure
 
-STRUCTURES = {"full": FullStructure, "diag": DiagStructure, "kron": KronStructure}
-
-__all__ = ["Structure", "FullStructure", "DiagStructure", "KronStructure", "STRUCTURES"]
+__all__ = ["Structure", "FullStructure", "DiagStructure", "KronStructure", "STRUCTURES", "register"]

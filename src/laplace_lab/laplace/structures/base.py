@@ -1,8 +1,18 @@
-"""Common interface of the posterior structures.
+"""The posterior-structure protocol and the registry of structures.
 
 Notation: ``P`` = number of parameters in the subset, ``L`` = number of parameter tensors,
 ``c = 1 / (sigma^2 T)`` the curvature scale, ``prior``: ``[1]``, ``[L]`` or ``[P]`` precisions.
 The posterior precision is ``c H + diag(prior)``.
+
+A structure is a subclass of ``Structure`` decorated with ``@register``: ``Laplace(hessian_structure=
+name)``, config validation (``options.LaplaceSpec``) and every caller then find it through ``STRUCTURES``;
+nothing outside the structure branches on its name. Required: ``reset``, ``accumulate`` (or
+``self_fitting`` + ``fit``), ``logdet``, ``sample``, ``functional_variance``, ``posterior_variance``,
+``precision``, ``dense_precision``, ``state_dict`` / ``load_state_dict`` and the ``H`` property.
+Optional (defaults here): ``finalize``, ``covariance``, ``square_norm``, ``curvature_eigenvalues``
+(fast marglik), ``posterior_view`` (the glm predictive; default: dense per-input Jacobians).
+Class attributes declare ``prior_structures`` and ``curvatures`` it supports, its extra constructor
+``options`` and whether ``chain.Chain`` may hand it modules in any block order.
 """
 
 from __future__ import annotations
@@ -12,10 +22,29 @@ import torch
 from laplace_lab.laplace.capture import Record
 from laplace_lab.laplace.subset import Entry
 
+STRUCTURES: dict[str, type[Structure]] = {}
+
+
+def register(cls: type[Structure]) -> type[Structure]:
+    """Class decorator: make ``cls`` available as ``hessian_structure=cls.name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__}.name must be a non-empty string to register it")
+    STRUCTURES[cls.name] = cls
+    return cls
+
 
 class Structure:
     name = ""
     prior_structures: tuple[str, ...] = ("scalar", "layerwise", "diagonal")
+    curvatures: tuple[str, ...] = ("ggn", "ef", "mc_fisher")
+    options: tuple[str, ...] = ()  # extra keyword arguments of the constructor (e.g. ``n_eigs``)
+    self_fitting = False  # True: ``fit(la, data) -> (loss, n_data, n_outputs)`` replaces the batch loop
+    any_block_order = False  # True: ``accumulate`` does not rely on records arriving in subset order
+    supports_fused = False  # True: ``fused.FusedCurvature`` can fill it from the training step's backward
+
+    @classmethod
+    def check_options(cls, options: dict, key=str) -> None:
+        """``ValueError`` for bad values of this structure's ``options`` (``key`` names them in messages)."""
 
     def __init__(self, entries: list[Entry], device, dtype):
         self.entries = entries
@@ -33,8 +62,17 @@ class Structure:
         """Add one batch; ``records[i]`` holds the calls of ``entries[i].module`` with grads."""
         raise NotImplementedError
 
+    def fit(self, la, data) -> tuple[torch.Tensor, int, int]:
+        """Self-fitting structures only: one pass of their own over ``data``."""
+        raise NotImplementedError(f"{type(self).__name__} is fitted batch by batch (accumulate)")
+
     def finalize(self) -> None:
         """Called once after the data pass (decompositions that queries reuse)."""
+
+    @property
+    def H(self):
+        """The curvature in the structure's native form (``None`` before fitting where lazy)."""
+        raise NotImplementedError
 
     # ---- queries ---------------------------------------------------------------------------
     def logdet(self, c: torch.Tensor, prior: torch.Tensor) -> torch.Tensor:
@@ -53,9 +91,34 @@ class Structure:
         """``[P]`` marginal variances (diagonal of the covariance)."""
         raise NotImplementedError
 
+    def covariance(self, c, prior) -> torch.Tensor:
+        """``Laplace.posterior_covariance``: ``[P, P]`` where cheap (full), else ``[P]`` marginal variances."""
+        return self.posterior_variance(c, prior)
+
+    def precision(self, c, prior):
+        """The posterior precision in the structure's own form (full: [P, P]; diag: [P]; kron: a view)."""
+        raise NotImplementedError
+
     def dense_precision(self, c, prior) -> torch.Tensor:
         """``[P, P]`` posterior precision as a dense matrix (small models / tests only)."""
         raise NotImplementedError
+
+    def square_norm(self, v: torch.Tensor, c, prior) -> torch.Tensor:
+        """``v^T (c H + diag(prior)) v`` for ``v`` ``[P]`` (default: the dense precision; small models)."""
+        return v @ (self.dense_precision(c, prior) @ v)
+
+    def curvature_eigenvalues(self) -> torch.Tensor | None:
+        """``[P]`` eigenvalues of ``H`` in an eigenbasis shared with every scalar/layerwise prior
+        (the fast marglik of ``eigen_marglik``), or ``None`` when there is none."""
+        return None
+
+    def posterior_view(self, la):
+        """Per-call precomputation for the glm predictive: a callable ``view(la, records, V, diag,
+        budget) -> f_var``. Default: dense per-input Jacobians and ``functional_variance`` (any structure;
+        memory ``B C P``)."""
+        from laplace_lab.laplace.functional_variance import JacobianView
+
+        return JacobianView(la)
 
     def state_dict(self) -> dict:
         raise NotImplementedError

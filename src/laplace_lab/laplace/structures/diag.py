@@ -6,10 +6,12 @@ import torch
 
 from laplace_lab.laplace.modules import diag_sq
 from laplace_lab.laplace.priors import to_diag
-from laplace_lab.laplace.structures.base import Structure
+from laplace_lab.laplace.structures.base import Structure, register
 
 
+@register
 class DiagStructure(Structure):
+    supports_fused = True
     name = "diag"
 
     def reset(self):
@@ -24,6 +26,23 @@ class DiagStructure(Structure):
             d = diag_sq(e.module, e.names, r.calls)
             parts += [d[n].reshape(-1) for n in e.names]
         self.h += torch.cat(parts)
+
+    @property
+    def H(self) -> torch.Tensor:
+        """``[P]`` curvature diagonal."""
+        return self.h
+
+    def curvature_eigenvalues(self) -> torch.Tensor:
+        return self.h
+
+    def square_norm(self, v, c, prior):
+        return (self.precision(c, prior) * v) @ v
+
+    def posterior_view(self, la):
+        from laplace_lab.laplace.functional_variance import LayerwiseView
+
+        var = 1.0 / self.precision(la.H_factor, la.structure_prior)
+        return LayerwiseView(la, torch.split(var, self.sizes))
 
     def precision(self, c, prior):
         """``[P]`` diagonal posterior precision."""

@@ -18,7 +18,7 @@ from torch import nn
 
 from laplace_lab.laplace.modules import _k_chunks, per_sample_grads, rows_in
 from laplace_lab.laplace.priors import to_diag
-from laplace_lab.laplace.structures.base import Structure
+from laplace_lab.laplace.structures.base import Structure, register
 
 
 def _linear_full_block(m: nn.Linear, names, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -44,24 +44,33 @@ def _linear_full_block(m: nn.Linear, names, a: torch.Tensor, g: torch.Tensor) ->
     return blocks["WW"] if "weight" in names else blocks["bb"]
 
 
+@register
 class FullStructure(Structure):
     name = "full"
 
     def reset(self):
-        self._H = torch.zeros(self.n_params, self.n_params, device=self.device, dtype=torch.float64)
+        self._H = None  # allocated on the first accumulate: constructing a Laplace costs no memory
+
+    def _H_acc(self) -> torch.Tensor:
+        if self._H is None:
+            self._H = torch.zeros(self.n_params, self.n_params, device=self.device, dtype=torch.float64)
+        return self._H
+
+    def finalize(self):
+        self._H_acc()  # an empty data pass leaves H = 0
 
     @property
-    def H(self) -> torch.Tensor:
-        """``[P, P]`` curvature in the model's dtype (accumulated in float64)."""
-        return self._H.to(self.dtype)
+    def H(self) -> torch.Tensor | None:
+        """``[P, P]`` curvature in the model's dtype (accumulated in float64); ``None`` before fitting."""
+        return None if self._H is None else self._H.to(self.dtype)
 
     def accumulate(self, records):
         if len(self.entries) == 1 and isinstance(self.entries[0].module, nn.Linear):
             calls = records[0].calls
             if len(calls) == 1 and calls[0].args[0].ndim == 2:
                 a = rows_in(self.entries[0].module, calls[0].args[0])[:, 0]
-                self._H += _linear_full_block(self.entries[0].module, self.entries[0].names, a.double(),
-                                              calls[0].grad.double())
+                self._H_acc().add_(_linear_full_block(self.entries[0].module, self.entries[0].names, a.double(),
+                                              calls[0].grad.double()))
                 return
         K, N = next(c.grad for r in records for c in r.calls).shape[:2]
         for ks in _k_chunks(K, N, self.n_params):
@@ -73,7 +82,7 @@ class FullStructure(Structure):
                 psg = per_sample_grads(e.module, e.names, r.calls, ks)
                 cols += [psg[n].reshape(-1, getattr(e.module, n).numel()) for n in e.names]
             V = torch.cat(cols, 1).double()
-            self._H += V.T @ V
+            self._H_acc().add_(V.T @ V)
 
     def _precision64(self, c, prior):
         return torch.as_tensor(c).double() * self._H + torch.diag(to_diag(prior, self.sizes).double())
@@ -102,6 +111,11 @@ class FullStructure(Structure):
 
     def posterior_variance(self, c, prior):
         return self.covariance(c, prior).diagonal()
+
+    def posterior_view(self, la):
+        from laplace_lab.laplace.functional_variance import FullView
+
+        return FullView(la)
 
     def dense_precision(self, c, prior):
         return self.precision(c, prior)

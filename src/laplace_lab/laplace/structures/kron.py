@@ -4,11 +4,13 @@ Hand-written factors (``modules.kfac_factors``): one backward of the ``K`` outpu
 ``G``, the forward gives ``A``; no per-sample gradients are formed. Blocks, one per parameter
 tensor in subset order (so a layerwise prior has one ``delta`` per block, as in laplace-torch):
 
-- ``"kron"`` (a weight): ``H_w ~= G (x) A`` with ``A = sum_{n,s} a a^T / rows`` (``rows`` = data
+Block types (small classes below, one per parameter tensor):
+
+- ``KronWeightBlock`` (a weight): ``H_w ~= G (x) A`` with ``A = sum_{n,s} a a^T / rows`` (``rows`` = data
   points x weight-sharing positions) and ``G = sum_{k,n,s} g g^T`` (curvlinops' KFAC-expand
   normalisation, separate weight and bias); ``weight.flatten()`` order is ``(out, in)``.
-- ``"kron1"`` (a bias of such a layer): ``H_b ~= G`` (the same ``G``).
-- ``"diag"`` (any other parameter tensor, e.g. BatchNorm): exact diagonal of its GGN block.
+- ``KronBiasBlock`` (a bias of such a layer): ``H_b ~= G`` (the same ``G``).
+- ``DiagBlock`` (any other parameter tensor, e.g. BatchNorm): exact diagonal of its GGN block.
 
 ``finalize`` eigendecomposes each factor once (``G = Q_G diag(lamG) Q_G^T``, same for ``A``;
 negative round-off eigenvalues clipped to 0). With ``c`` and a per-block precision ``delta`` the
@@ -23,17 +25,135 @@ import torch
 
 from laplace_lab.laplace.modules import diag_sq, is_kfac_module, kfac_factors
 from laplace_lab.laplace.priors import per_layer
-from laplace_lab.laplace.structures.base import Structure
+from laplace_lab.laplace.structures.base import Structure, register
 
 
+class KronBlock:
+    """One parameter tensor's curvature block in its eigenbasis. ``kind`` ("kron" | "kron1" | "diag")
+    is a label for serialisation and reading; behaviour lives in the methods."""
+
+    kind = ""
+
+    def curvature_eigenvalues(self) -> torch.Tensor:
+        """Eigenvalues of the curvature block, shaped like the block's coordinates."""
+        raise NotImplementedError
+
+    def eigvals(self, c, delta) -> torch.Tensor:
+        """Eigenvalues of ``c H_block + delta``."""
+        return c * self.curvature_eigenvalues() + delta
+
+    def apply(self, X: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """``Q diag(scale) Q^T X`` for ``X`` ``[..., block numel]``."""
+        raise NotImplementedError
+
+    def gram(self, J: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+        """``J Q diag(inv) Q^T J^T`` for ``J`` ``[N, C, block numel]`` -> ``[N, C, C]``."""
+        raise NotImplementedError
+
+    def marginal_variance(self, inv: torch.Tensor) -> torch.Tensor:
+        """Diagonal of ``Q diag(inv) Q^T``, flat."""
+        raise NotImplementedError
+
+    def row_spec(self, inv: torch.Tensor):
+        """The predictive's per-tensor spec ``(kind, QG, QA, weights)`` (``functional_variance``), or
+        ``None`` for an elementwise block (the view then uses ``inv`` as variances)."""
+        return None
+
+    def __getitem__(self, key: str):  # read-only dict view for code written against the old dict blocks
+        return self.kind if key == "kind" else getattr(self, key)
+
+
+class KronWeightBlock(KronBlock):
+    """``G (x) A`` of a Linear / Conv weight: eigenpairs ``(lamG, QG)``, ``(lamA, QA)``."""
+
+    kind = "kron"
+
+    def __init__(self, lamG, QG, lamA, QA):
+        self.lamG, self.QG, self.lamA, self.QA = lamG, QG, lamA, QA
+
+    def curvature_eigenvalues(self):
+        return torch.outer(self.lamG, self.lamA)
+
+    def apply(self, X, scale):
+        QG, QA = self.QG, self.QA
+        Z = X.reshape(*X.shape[:-1], QG.shape[0], QA.shape[0])
+        Z = QG.T @ Z @ QA
+        Z = QG @ (Z * scale) @ QA.T
+        return Z.reshape(X.shape)
+
+    def gram(self, J, inv):
+        QG, QA = self.QG, self.QA
+        Jt = QG.T @ J.reshape(*J.shape[:-1], QG.shape[0], QA.shape[0]) @ QA
+        return torch.einsum("ncij,nkij->nck", Jt * inv, Jt)
+
+    def marginal_variance(self, inv):
+        return (self.QG.square() @ inv @ self.QA.square().T).reshape(-1)
+
+    def row_spec(self, inv):
+        return ("w", self.QG, self.QA, inv)
+
+
+class KronBiasBlock(KronBlock):
+    """``G`` of the bias of a KFAC layer (shares ``(lamG, QG)`` with its weight)."""
+
+    kind = "kron1"
+
+    def __init__(self, lamG, QG):
+        self.lamG, self.QG = lamG, QG
+
+    def curvature_eigenvalues(self):
+        return self.lamG
+
+    def apply(self, X, scale):
+        return ((X @ self.QG) * scale) @ self.QG.T
+
+    def gram(self, J, inv):
+        Jt = J @ self.QG
+        return torch.einsum("nci,nki->nck", Jt * inv, Jt)
+
+    def marginal_variance(self, inv):
+        return self.QG.square() @ inv
+
+    def row_spec(self, inv):
+        return ("b", self.QG, None, inv)
+
+
+class DiagBlock(KronBlock):
+    """Exact GGN diagonal ``h`` of a tensor without a Kronecker factorisation (e.g. BatchNorm)."""
+
+    kind = "diag"
+
+    def __init__(self, h):
+        self.h = h
+
+    def curvature_eigenvalues(self):
+        return self.h
+
+    def apply(self, X, scale):
+        return X * scale
+
+    def gram(self, J, inv):
+        return torch.einsum("nci,nki->nck", J * inv, J)
+
+    def marginal_variance(self, inv):
+        return inv
+
+
+@register
 class KronStructure(Structure):
+    supports_fused = True
     name = "kron"
     prior_structures = ("scalar", "layerwise")
+    any_block_order = True
 
     def reset(self):
         # raw sums per entry (module): A_sum, G, rows for KFAC modules; diag for others
         self.raw: list[dict] = [{} for _ in self.entries]
-        self.blocks: list[dict] = []
+        self.blocks: list[KronBlock] = []
+
+    @property
+    def H(self) -> list[KronBlock]:
+        return self.blocks
 
     def accumulate(self, records):
         for e, r, raw in zip(self.entries, records, self.raw):
@@ -63,48 +183,27 @@ class KronStructure(Structure):
             for n in e.names:
                 p = getattr(e.module, n)
                 if kfac and "G" not in raw:  # module never called: zero curvature
-                    self.blocks.append({"kind": "diag", "h": torch.zeros_like(p).reshape(-1)})
+                    self.blocks.append(DiagBlock(torch.zeros_like(p).reshape(-1)))
                 elif kfac and n == "weight":
-                    self.blocks.append({"kind": "kron", "lamG": lamG, "QG": QG, "lamA": lamA, "QA": QA})
+                    self.blocks.append(KronWeightBlock(lamG, QG, lamA, QA))
                 elif kfac:
-                    self.blocks.append({"kind": "kron1", "lamG": lamG, "QG": QG})
+                    self.blocks.append(KronBiasBlock(lamG, QG))
                 else:
-                    h = raw.get(n, torch.zeros_like(p)).reshape(-1)
-                    self.blocks.append({"kind": "diag", "h": h})
+                    self.blocks.append(DiagBlock(raw.get(n, torch.zeros_like(p)).reshape(-1)))
 
     # ---- per-block eigenvalues of the posterior precision ---------------------------------------
-    def _eigvals(self, b, c, delta):
-        if b["kind"] == "kron":
-            return c * torch.outer(b["lamG"], b["lamA"]) + delta
-        if b["kind"] == "kron1":
-            return c * b["lamG"] + delta
-        return c * b["h"] + delta
-
-    def _deltas(self, prior):
+    def deltas(self, prior):
+        """``[L]`` per-block prior precisions."""
         return per_layer(prior, self.sizes)
 
     def logdet(self, c, prior):
-        deltas = self._deltas(prior)
-        return sum(self._eigvals(b, c, d).log().sum() for b, d in zip(self.blocks, deltas))
-
-    def _apply(self, b, X, scale):
-        """Map block coordinates ``X`` [..., block numel] by ``Q diag(scale) Q^T`` (eigenbasis)."""
-        if b["kind"] == "kron":
-            QG, QA = b["QG"], b["QA"]
-            Z = X.reshape(*X.shape[:-1], QG.shape[0], QA.shape[0])
-            Z = QG.T @ Z @ QA
-            Z = QG @ (Z * scale) @ QA.T
-            return Z.reshape(X.shape)
-        if b["kind"] == "kron1":
-            QG = b["QG"]
-            return ((X @ QG) * scale) @ QG.T
-        return X * scale
+        return sum(b.eigvals(c, d).log().sum() for b, d in zip(self.blocks, self.deltas(prior)))
 
     def _map(self, X, c, prior, power):
         """``(c H + delta)^power X`` for ``X`` [..., P]."""
         out, i = [], 0
-        for b, d, size in zip(self.blocks, self._deltas(prior), self.sizes):
-            out.append(self._apply(b, X[..., i:i + size], self._eigvals(b, c, d) ** power))
+        for b, d, size in zip(self.blocks, self.deltas(prior), self.sizes):
+            out.append(b.apply(X[..., i:i + size], b.eigvals(c, d) ** power))
             i += size
         return torch.cat(out, -1)
 
@@ -113,32 +212,50 @@ class KronStructure(Structure):
 
     def functional_variance(self, Js, c, prior):
         out, i = 0, 0
-        for b, d, size in zip(self.blocks, self._deltas(prior), self.sizes):
-            J = Js[..., i:i + size]
-            inv = 1.0 / self._eigvals(b, c, d)
-            if b["kind"] == "kron":
-                QG, QA = b["QG"], b["QA"]
-                Jt = QG.T @ J.reshape(*J.shape[:-1], QG.shape[0], QA.shape[0]) @ QA
-                out = out + torch.einsum("ncij,nkij->nck", Jt * inv, Jt)
-            elif b["kind"] == "kron1":
-                Jt = J @ b["QG"]
-                out = out + torch.einsum("nci,nki->nck", Jt * inv, Jt)
-            else:
-                out = out + torch.einsum("nci,nki->nck", J * inv, J)
+        for b, d, size in zip(self.blocks, self.deltas(prior), self.sizes):
+            out = out + b.gram(Js[..., i:i + size], 1.0 / b.eigvals(c, d))
             i += size
         return out
 
     def posterior_variance(self, c, prior):
+        return torch.cat([b.marginal_variance(1.0 / b.eigvals(c, d)) for b, d in zip(self.blocks, self.deltas(prior))])
+
+    def curvature_eigenvalues(self):
+        return torch.cat([b.curvature_eigenvalues().reshape(-1) for b in self.blocks])
+
+    def square_norm(self, v, c, prior):
+        return v @ self._map(v, c, prior, 1.0)
+
+    def posterior_view(self, la):
+        from laplace_lab.laplace.functional_variance import LayerwiseView
+
+        c, prior = la.H_factor, la.structure_prior
+        rows = []
+        for b, d in zip(self.blocks, self.deltas(prior)):
+            inv = 1.0 / b.eigvals(c, d)
+            rows.append(b.row_spec(inv) or inv)
+        return LayerwiseView(la, rows)
+
+    def precision(self, c, prior):
+        return KronPrecision(self, c, prior)
+
+    @property
+    def factors(self) -> list[list[torch.Tensor]]:
+        """Un-decomposed factors per parameter tensor: ``[G, A]`` (weight; ``A`` normalised by rows),
+        ``[G]`` (bias of that layer) or ``[h]`` (diagonal block)."""
         out = []
-        for b, d in zip(self.blocks, self._deltas(prior)):
-            inv = 1.0 / self._eigvals(b, c, d)
-            if b["kind"] == "kron":
-                out.append((b["QG"].square() @ inv @ b["QA"].square().T).reshape(-1))
-            elif b["kind"] == "kron1":
-                out.append(b["QG"].square() @ inv)
-            else:
-                out.append(inv)
-        return torch.cat(out)
+        for e, raw in zip(self.entries, self.raw):
+            kfac = is_kfac_module(e.module) and "G" in raw
+            for n in e.names:
+                if kfac:
+                    out.append([raw["G"], raw["A"] / raw["rows"]] if n == "weight" else [raw["G"]])
+                else:
+                    out.append([raw.get(n, torch.zeros_like(getattr(e.module, n))).reshape(-1)])
+        return out
+
+    def power_map(self, X, c, prior, power):
+        """``(c H + diag(prior))^power X`` for ``X`` ``[..., P]`` (blockwise in the eigenbases)."""
+        return self._map(X, c, prior, power)
 
     def dense_precision(self, c, prior):
         eye = torch.eye(self.n_params, device=self.device, dtype=self.dtype)
@@ -153,3 +270,22 @@ class KronStructure(Structure):
             for r in sd["raw"]
         ]
         self.finalize()
+
+
+class KronPrecision:
+    """Read-only view of the KFAC posterior precision ``c H + diag(prior)`` (laplace-torch's
+    ``KronDecomposed`` methods): ``logdet()``, ``to_matrix(exponent)`` ``[P, P]``, ``bmm(X, exponent)``."""
+
+    def __init__(self, structure: KronStructure, c, prior):
+        self.structure, self.c, self.prior = structure, c, prior
+
+    def logdet(self) -> torch.Tensor:
+        return self.structure.logdet(self.c, self.prior)
+
+    def bmm(self, X: torch.Tensor, exponent: float = 1.0) -> torch.Tensor:
+        """``P^exponent X`` for ``X`` ``[..., P]``."""
+        return self.structure.power_map(X, self.c, self.prior, exponent)
+
+    def to_matrix(self, exponent: float = 1.0) -> torch.Tensor:
+        s = self.structure
+        return self.bmm(torch.eye(s.n_params, device=s.device, dtype=s.dtype), exponent)
