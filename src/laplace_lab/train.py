@@ -27,6 +27,11 @@ from laplace_lab.evaluation import validate_config as validate_evaluation_config
 from laplace_lab.run_loggers import build_loggers, finish_loggers
 from laplace_lab.sweeps.jobs import run_tracked
 from laplace_lab.training import MAPModule, map_cache
+from laplace_lab.training.augmentation import (
+    AugmentationMarglik,
+    validate_augmentation_config,
+    wrap_model,
+)
 from laplace_lab.training.online_marglik import OnlineMarglik
 from laplace_lab.training.posthoc import fit_posthoc_laplace, laplace_kwargs, needs_posthoc_laplace
 from laplace_lab.training.predictors import laplace_predictor, map_predictor
@@ -65,6 +70,7 @@ def build(cfg: DictConfig) -> tuple[LabDataModule, MAPModule]:
     likelihood = resolve_likelihood(cfg, datamodule)
     n_out = datamodule.num_outputs * (2 if likelihood == "heteroscedastic_regression" else 1)
     model = instantiate(cfg.model)(input_shape=datamodule.input_shape, num_outputs=n_out)
+    model = wrap_model(cfg.get("augmentation"), model)  # augmentation/: logits averaged over transforms
     scheduler = instantiate(cfg.lr_scheduler) if cfg.get("lr_scheduler") else None
     module = MAPModule(
         model=model,
@@ -89,6 +95,12 @@ def build_callbacks(cfg: DictConfig, output_dir: Path) -> list[pl.Callback]:
             n_steps=m.n_steps, burnin=m.burnin, lr_hyp=m.lr_hyp, lr_hyp_min=m.lr_hyp_min,
             optimize_sigma=m.optimize_sigma, early_stopping=m.early_stopping, log_min=m.log_min,
             log_max=m.log_max, fit_batch_size=cfg.curvature.get("fit_batch_size"), fused=m.fused,
+        ))
+    aug = cfg.get("augmentation")
+    if aug is not None and aug.mode != "none":  # after OnlineMarglik: the eta step uses the new prior
+        callbacks.append(AugmentationMarglik(
+            aug.mode == "learned", cfg.curvature.hessian_structure, cfg.curvature.type, cfg.marglik.get("frequency", 1),
+            cfg.marglik.get("burnin", 0), aug.get("lr", 0.05), aug.get("lr_min", 0.05), cfg.curvature.get("fit_batch_size"),
         ))
     if cfg.checkpoint.enabled:
         callbacks.append(pl.callbacks.ModelCheckpoint(
@@ -184,6 +196,7 @@ def train_map_grid(cfg: DictConfig, output_dir: Path, loggers):
 def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     """Validate, build, train and evaluate one run; returns the final metrics."""
     validate_config(cfg)
+    validate_augmentation_config(cfg)
     validate_evaluation_config(cfg.evaluation)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))

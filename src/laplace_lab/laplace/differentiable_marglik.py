@@ -26,7 +26,7 @@ log det uses only eigenvalues (``eigvalsh``), whose backward is ``Q diag(dL/dlam
 defined for repeated eigenvalues. Formula (the engine's): ``log p(D|theta) - 1/2 (log det P -
 log det P0 + theta^T P0 theta)`` with ``P = c H + P0``, ``c = 1 / T``.
 
-Full data sets: ``fit_factors`` accumulates the factors over a loader without graphs; 
+Full data sets: ``fit_factors`` accumulates the factors over a loader without graphs;
 ``log_marglik`` with ``full=...`` replaces one batch's contribution by a differentiable one
 scaled by ``n_full / n_batch`` (value = the full-data marglik, gradient = an unbiased one-batch
 estimate of the full-data gradient), the "partial fit" schedule of the authors' code.

@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
 from laplace_lab.models import LeNet
 from laplace_lab.models.augmentation import TRANSFORMS, AffineAugmentation, AugmentedModel
