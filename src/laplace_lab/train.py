@@ -97,7 +97,8 @@ def build_callbacks(cfg: DictConfig, output_dir: Path) -> list[pl.Callback]:
             log_max=m.log_max, fit_batch_size=cfg.curvature.get("fit_batch_size"), fused=m.fused,
         ))
     aug = cfg.get("augmentation")
-    if aug is not None and aug.mode != "none":  # after OnlineMarglik: the eta step uses the new prior
+    # after OnlineMarglik: the eta step uses the new prior; mode none + report: eta = 0 and the marglik in metrics
+    if aug is not None and (aug.mode != "none" or (aug.get("report") and cfg.marglik.mode == "online")):
         callbacks.append(AugmentationMarglik(
             aug.mode == "learned", cfg.curvature.hessian_structure, cfg.curvature.type, cfg.marglik.get("frequency", 1),
             cfg.marglik.get("burnin", 0), aug.get("lr", 0.05), aug.get("lr_min", 0.05), cfg.curvature.get("fit_batch_size"),
@@ -148,6 +149,8 @@ def train_map(cfg: DictConfig, output_dir: Path, loggers) -> tuple[LabDataModule
         metrics = {"time/fit_s": time.perf_counter() - start}
     if "val/nll" in trainer.callback_metrics:
         metrics["val/nll"] = float(trainer.callback_metrics["val/nll"])
+    for cb in callbacks:  # final augmentation ranges (AugmentationMarglik)
+        metrics.update(getattr(cb, "final_metrics", dict)())
     return datamodule, module, trainer, metrics
 
 

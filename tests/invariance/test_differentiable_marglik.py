@@ -32,7 +32,7 @@ def _setup(make=_cnn, mode="bicubic", eta=ETA0, seed=0):
 
 
 @pytest.mark.parametrize("make", [_cnn, _mlp])
-@pytest.mark.parametrize("structure", ["kron", "diag"])
+@pytest.mark.parametrize("structure", ["kron", "kron_expand", "diag"])
 @pytest.mark.parametrize("curvature", ["ggn", "ef"])
 def test_eta_gradient_matches_finite_differences(make, structure, curvature):
     model, X, y, eps = _setup(make)
@@ -70,10 +70,10 @@ def test_prior_gradient_matches_finite_differences(structure):
 
 @pytest.mark.parametrize("make", [_cnn, _mlp])
 @pytest.mark.parametrize("curvature", ["ggn", "ef"])
-def test_kron_value_equals_the_engine_on_the_averaged_model(make, curvature):
+def test_kron_expand_value_equals_the_engine_on_the_averaged_model(make, curvature):
     model, X, y, eps = _setup(make, mode="bilinear")
     prior = torch.tensor([0.5], dtype=torch.float64)
-    ours = dm.log_marglik(model, X, y, model.augmentation.eta, prior, "kron", curvature, eps=eps)
+    ours = dm.log_marglik(model, X, y, model.augmentation.eta, prior, "kron_expand", curvature, eps=eps)
     model.frozen_eps = eps
     la = Laplace(model, "classification", subset_of_weights="all", hessian_structure="kron",
                  curvature=curvature, prior_precision=0.5)
@@ -102,17 +102,23 @@ def test_diag_is_the_exact_ggn_diagonal_of_the_averaged_model():
     torch.testing.assert_close(torch.cat(fac.layers), _dense_ggn_diag(model, X, eps), rtol=1e-10, atol=1e-12)
 
 
-def test_diag_at_eta_zero_equals_the_engine_on_the_plain_network():
-    model, X, y, eps = _setup(mode="bilinear", eta={})
+@pytest.mark.parametrize("make", [_cnn, _mlp])
+@pytest.mark.parametrize("structure", ["kron", "diag"])
+@pytest.mark.parametrize("curvature", ["ggn", "ef"])
+def test_at_eta_zero_the_value_equals_the_engine_on_the_plain_network(make, structure, curvature):
+    """S identical samples: the averaged model is the plain network, and so are kron (reduce) and diag."""
+    model, X, y, eps = _setup(make, mode="bilinear", eta={})
     prior = torch.tensor([0.5], dtype=torch.float64)
-    ours = dm.log_marglik(model, X, y, model.augmentation.eta, prior, "diag", "ggn", eps=eps)
-    la = Laplace(model.net, "classification", subset_of_weights="all", hessian_structure="diag",
-                 prior_precision=0.5)
+    ours = dm.log_marglik(model, X, y, model.augmentation.eta, prior, structure, curvature, eps=eps)
+    la = Laplace(model.net, "classification", subset_of_weights="all", hessian_structure=structure,
+                 curvature=curvature, prior_precision=0.5)
     la.fit([(X, y)])
     torch.testing.assert_close(ours, la.log_marginal_likelihood(), rtol=1e-10, atol=1e-8)
+    expand = dm.log_marglik(model, X, y, model.augmentation.eta, prior, "kron_expand", curvature, eps=eps)
+    assert not torch.allclose(expand, ours)  # expand under-counts the curvature of identical samples
 
 
-@pytest.mark.parametrize("structure", ["kron", "diag"])
+@pytest.mark.parametrize("structure", ["kron", "kron_expand", "diag"])
 def test_partial_fit_keeps_the_full_value_and_scales_the_batch_gradient(structure):
     model, X, y, eps = _setup(mode="bicubic")
     prior = torch.tensor([0.5], dtype=torch.float64)

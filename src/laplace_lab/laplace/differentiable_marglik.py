@@ -12,13 +12,18 @@ output factors ``V`` ``[K, N, C]`` (``ggn``: ``K = C`` columns of the softmax He
 a layer sees output gradients ``g`` ``[K, N S, ...]`` (each carrying the ``1/S``) and inputs ``a``
 ``[N S, ...]``.
 
-- ``kron``: KFAC-expand over the ``N S`` augmented rows and the conv positions, the engine's
-  convention (``structures.kron``): ``A = sum a a^T / rows``, ``G = sum_k sum g g^T``; weight block
-  ``G (x) A``, bias block ``G``. The augmentation axis is treated like a weight-sharing axis of
-  the ``N`` data points, which is what the engine's ``Laplace`` computes for the same
-  ``AugmentedModel`` (tested equal). NOTE: the paper describes its own KFAC variant for augmented
-  inputs; we could not check its exact normalisation against the text in this session, so this
-  module documents the one it implements (expand), exact for ``S = 1``.
+- ``kron`` (KFAC for the invariant model, "reduce" over the augmentation axis): per datum the
+  layer inputs are averaged and the output gradients summed over the ``S`` samples,
+  ``a_n = 1/S sum_s a_ns``, ``g_n = sum_s g_ns`` (conv layers keep their spatial positions as the
+  engine's expand rows), then ``A = sum a a^T / rows``, ``G = sum_k sum g g^T``. This keeps the
+  structure of the averaged Jacobian ``1/S sum_s J_s``: for ``S`` identical samples (``eta = 0``) it
+  equals the engine's KFAC of the plain network (tested), and it shrinks as the samples decorrelate,
+  which is the Occam effect invariance learning rests on. (Our reading of the paper's KFAC for
+  augmented inputs; the normalisation was not checked against the paper's text in this session.)
+- ``kron_expand``: the engine's convention applied to the ``N S`` augmented rows as if they were
+  weight-sharing positions (what ``Laplace`` computes for the same ``AugmentedModel``; tested equal).
+  At ``eta = 0`` its ``G`` is ``1 / S`` of the plain network's, so it under-counts the curvature
+  and barely rewards invariance: kept for comparison, not for learning ``eta``.
 - ``diag``: the exact diagonal of the averaged model's GGN / EF: per-datum gradients summed over
   the ``S`` samples, then squared (tested against a dense ``torch.func`` float64 reference).
 
@@ -44,7 +49,7 @@ from torch import nn
 from laplace_lab.laplace.likelihoods import get_likelihood
 from laplace_lab.laplace.modules import is_kfac_module, rows_in, rows_out
 
-STRUCTURES = ("kron", "diag")
+STRUCTURES = ("kron", "kron_expand", "diag")
 CURVATURES = ("ggn", "ef")
 LIKELIHOODS = ("classification", "regression")
 
@@ -121,7 +126,10 @@ def batch_factors(model: nn.Module, X: torch.Tensor, y: torch.Tensor, structure:
     for m, g in zip(layers, grads):
         a = rows_in(m, inputs[m][0])  # [N S, P, Din]
         go = rows_out(m, g)  # [K, N S, P, Dout]
-        if structure == "kron":
+        if structure in ("kron", "kron_expand"):
+            if structure == "kron":  # reduce over the S samples of each datum
+                a = a.reshape(N, S, *a.shape[1:]).mean(1)
+                go = go.reshape(go.shape[0], N, S, *go.shape[2:]).sum(2)
             a2 = a.reshape(-1, a.shape[-1])
             g2 = go.reshape(-1, go.shape[-1])
             parts.append({"A": a2.T @ a2, "G": g2.T @ g2, "rows": a2.shape[0]})
@@ -170,9 +178,10 @@ def log_marglik_from_factors(model: nn.Module, fac: Factors, prior_precision: to
     deltas = prior.expand(len(params)) if prior.numel() == 1 else prior
     c = 1.0 / temperature
     logdet, i = 0.0, 0
-    for m, part in zip(layers, fac.layers if structure == "kron" else [None] * len(layers)):
+    kron = structure in ("kron", "kron_expand")
+    for m, part in zip(layers, fac.layers if kron else [None] * len(layers)):
         names = [n for n, _ in m.named_parameters(recurse=False)]
-        if structure == "kron":
+        if kron:
             lamG, lamA = _eigvals(part["G"]), _eigvals(part["A"] / part["rows"])
             for n in names:
                 lam = torch.outer(lamG, lamA).reshape(-1) if n == "weight" else lamG

@@ -115,8 +115,8 @@ class AffineAugmentation(nn.Module):
         return F.grid_sample(xs, grid, mode=self.mode, padding_mode="zeros", align_corners=True)
 
     def ranges(self) -> dict[str, float]:
-        """``{transform name: current eta}`` (for logging)."""
-        return {n: float(v) for n, v in zip(TRANSFORMS, self.effective_eta().detach().cpu())}
+        """``{transform name: |eta|}`` (for logging; ``U(-eta, eta)`` depends only on ``|eta|``)."""
+        return {n: float(v) for n, v in zip(TRANSFORMS, self.effective_eta().detach().abs().cpu())}
 
 
 class AugmentedModel(nn.Module):

@@ -135,13 +135,25 @@ class AugmentationMarglik(pl.Callback):
         values = {}
         if self.learn and trainer.current_epoch + 1 in marglik_epochs(trainer.max_epochs, self.burnin, self.frequency):
             values["augmentation/log_marglik"] = self._step(trainer, module)
-        values.update({f"augmentation/{n}": v for n, v in module.model.augmentation.ranges().items()})
+        values.update(_ranges(module.model))
         self.history.append({"epoch": trainer.current_epoch + 1, **values})
         module.log_dict(values, on_step=False, on_epoch=True)
 
     def on_train_end(self, trainer: pl.Trainer, module) -> None:
+        # OnlineMarglik's early stopping (called before this callback) may have restored an earlier
+        # eta with the best-marglik weights: the final ranges are read from the model
+        self._final = _ranges(module.model)
+        online = [cb for cb in trainer.callbacks if hasattr(cb, "best_marglik") and hasattr(cb, "history")]
+        if online and online[0].history:
+            best = online[0].best_marglik
+            self._final["marglik/best_log_marglik"] = best if math.isfinite(best) else online[0].history[-1][
+                "marglik/log_marglik"]
         if self.history:
             plot_eta(self.history, Path(trainer.default_root_dir) / "figures" / "augmentation_eta.png")
+
+    def final_metrics(self) -> dict[str, float]:
+        """``augmentation/<name>`` final ranges and ``marglik/best_log_marglik`` (for metrics.json)."""
+        return dict(getattr(self, "_final", {}))
 
     def state_dict(self) -> dict:
         return {"eta": None if self.eta is None else self.eta.detach().clone(), "steps_done": self.steps_done,
@@ -154,6 +166,13 @@ class AugmentationMarglik(pl.Callback):
             self.eta = state["eta"].clone().requires_grad_(True)
             self.optimizer = torch.optim.Adam([self.eta], lr=self.lr)
             self.optimizer.load_state_dict(state["optimizer"])
+
+
+def _ranges(model) -> dict[str, float]:
+    """``{"augmentation/<name>": eta}``; all 0 for a network without augmentation (mode none)."""
+    if isinstance(model, AugmentedModel):
+        return {f"augmentation/{n}": v for n, v in model.augmentation.ranges().items()}
+    return {f"augmentation/{n}": 0.0 for n in TRANSFORMS}
 
 
 def plot_eta(history: list[dict], path: Path) -> None:
