@@ -10,7 +10,7 @@ from laplace_lab.models import LeNet
 from laplace_lab.models.augmentation import AugmentedModel
 from laplace_lab.training.augmentation import validate_augmentation_config, wrap_model
 
-LEARNED = ["data=mnist", "model=lenet", "method=online_kron", "augmentation=learned"]
+LEARNED = ["data=mnist", "model=lenet", "method=online_kron", "augmentation=learned", "predictive=map"]
 
 
 def test_default_is_none_and_the_learned_preset_validates(compose_cfg):
@@ -18,7 +18,9 @@ def test_default_is_none_and_the_learned_preset_validates(compose_cfg):
     assert cfg.augmentation.mode == "none"
     validate_augmentation_config(cfg)
     validate_augmentation_config(compose_cfg(LEARNED))
-    validate_augmentation_config(compose_cfg(["data=mnist", "model=lenet", "augmentation=fixed"]))
+    validate_augmentation_config(compose_cfg(["data=mnist", "model=lenet", "augmentation=fixed", "predictive=nn_mc"]))
+    validate_augmentation_config(compose_cfg(["experiment=immer2022_invariance_cpu"]))
+    validate_augmentation_config(compose_cfg(["experiment=immer2022_invariance"]))
 
 
 @pytest.mark.parametrize("overrides, match", [
@@ -33,6 +35,7 @@ def test_default_is_none_and_the_learned_preset_validates(compose_cfg):
     (["+augmentation.init.zoom=1"], "augmentation.init has unknown"),
     (["augmentation.lr=0"], "augmentation.lr must be > 0"),
     (["data=toy2d", "model=mlp"], "needs an image data set"),
+    (["predictive=glm_probit"], "predictive.pred_type in"),
 ])
 def test_invalid_combinations_are_rejected(compose_cfg, overrides, match):
     with pytest.raises(ValueError, match=match):
