@@ -102,6 +102,7 @@ def build_callbacks(cfg: DictConfig, output_dir: Path) -> list[pl.Callback]:
         callbacks.append(AugmentationMarglik(
             aug.mode == "learned", cfg.curvature.hessian_structure, cfg.curvature.type, cfg.marglik.get("frequency", 1),
             cfg.marglik.get("burnin", 0), aug.get("lr", 0.05), aug.get("lr_min", 0.05), cfg.curvature.get("fit_batch_size"),
+            cfg.curvature.subset_of_weights == "all",
         ))
     if cfg.checkpoint.enabled:
         callbacks.append(pl.callbacks.ModelCheckpoint(

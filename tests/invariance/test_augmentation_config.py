@@ -84,3 +84,9 @@ def test_learned_run_logs_eta_per_epoch_and_draws_the_figure(tmp_path, data_dir)
     rot = [float(r["augmentation/rotation"]) for r in rows]
     assert len(set(rot)) == 3 and all(math.isfinite(float(r["augmentation/log_marglik"])) for r in rows)
     assert (tmp_path / "run" / "figures" / "augmentation_eta.png").stat().st_size > 1000
+    import json
+
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert math.isfinite(metrics["augmentation/log_marglik"]) and math.isfinite(metrics["marglik/best_log_marglik"])
+    # early stopping restores the eta of the best-marglik epoch (snapshot before that epoch's eta step)
+    assert metrics["augmentation/rotation"] in [pytest.approx(r) for r in [0.0, *rot]]

@@ -161,7 +161,8 @@ def fit_factors(model: nn.Module, loader, structure: str = "kron", curvature: st
 
 
 def _eigvals(M: torch.Tensor) -> torch.Tensor:
-    return torch.linalg.eigvalsh(M).clamp_min(0)
+    """Eigenvalues computed in float64 (float32 LAPACK can fail on rank-deficient factors)."""
+    return torch.linalg.eigvalsh(M.double()).clamp_min(0).to(M.dtype)
 
 
 def log_marglik_from_factors(model: nn.Module, fac: Factors, prior_precision: torch.Tensor,

@@ -87,11 +87,14 @@ class AugmentationMarglik(pl.Callback):
         frequency, burnin: the online marglik's F and B (same epochs).
         lr, lr_min: Adam rate on eta, cosine-decayed to ``lr_min`` over the marglik epochs.
         fit_batch_size: batch size of the graph-free full-data pass (``None``: the data module's).
+        subset_all: the curvature covers all weights (else no final ``augmentation/log_marglik``).
     """
 
     def __init__(self, learn: bool, structure: str = "kron", curvature: str = "ggn", frequency: int = 1,
-                 burnin: int = 0, lr: float = 0.05, lr_min: float = 0.05, fit_batch_size: int | None = None):
+                 burnin: int = 0, lr: float = 0.05, lr_min: float = 0.05, fit_batch_size: int | None = None,
+                 subset_all: bool = True):
         super().__init__()
+        self.subset_all = subset_all
         self.learn, self.structure, self.curvature = learn, structure, curvature
         self.frequency, self.burnin = frequency, burnin
         self.lr, self.lr_min, self.fit_batch_size = lr, lr_min, fit_batch_size
@@ -151,7 +154,8 @@ class AugmentationMarglik(pl.Callback):
             best = online[0].best_marglik
             self._final["marglik/best_log_marglik"] = best if math.isfinite(best) else online[0].history[-1][
                 "marglik/log_marglik"]
-        self._final["augmentation/log_marglik"] = self._final_marglik(trainer, module)
+        if self.structure in dm.STRUCTURES and self.curvature in dm.CURVATURES and self.subset_all:
+            self._final["augmentation/log_marglik"] = self._final_marglik(trainer, module)
         if self.history:
             plot_eta(self.history, Path(trainer.default_root_dir) / "figures" / "augmentation_eta.png")
 
