@@ -79,8 +79,9 @@ def test_learned_run_logs_eta_per_epoch_and_draws_the_figure(tmp_path, data_dir)
            "evaluation=none", "logger=csv", f"paths.output_root={tmp_path}", f"paths.data_dir={data_dir}",
            "trainer.enable_progress_bar=false", "hydra.run.dir=" + str(tmp_path / "run")]
     subprocess.run(cmd, check=True, env=os.environ | {"OMP_NUM_THREADS": "1"}, capture_output=True)
-    rows = [r for r in csv.DictReader(open(tmp_path / "run" / "csv" / "metrics.csv")) if r["augmentation/rotation"]]
-    assert len(rows) == 3
+    logged = [r for r in csv.DictReader(open(tmp_path / "run" / "csv" / "metrics.csv")) if r["augmentation/rotation"]]
+    rows = [r for r in logged if not r.get("marglik/best_log_marglik")]  # per epoch; the last row: final metrics
+    assert len(rows) == 3 and len(logged) == 4
     rot = [float(r["augmentation/rotation"]) for r in rows]
     assert len(set(rot)) == 3 and all(math.isfinite(float(r["augmentation/log_marglik"])) for r in rows)
     assert (tmp_path / "run" / "figures" / "augmentation_eta.png").stat().st_size > 1000
