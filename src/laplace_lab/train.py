@@ -31,6 +31,11 @@ from laplace_lab.run_loggers import build_loggers, finish_loggers
 from laplace_lab.sweeps.devices import check_accelerator
 from laplace_lab.sweeps.jobs import record_devices, run_tracked
 from laplace_lab.training import MAPModule, ensemble, map_cache
+from laplace_lab.training.augmentation import (
+    AugmentationMarglik,
+    validate_augmentation_config,
+    wrap_model,
+)
 from laplace_lab.training.online_marglik import OnlineMarglik
 from laplace_lab.training.posthoc import fit_posthoc_laplace, laplace_kwargs, needs_posthoc_laplace
 from laplace_lab.training.predictors import laplace_predictor, map_predictor
@@ -83,6 +88,7 @@ def build(cfg: DictConfig) -> tuple[LabDataModule, MAPModule]:
     likelihood = resolve_likelihood(cfg, datamodule)
     n_out = datamodule.num_outputs * (2 if likelihood == "heteroscedastic_regression" else 1)
     model = instantiate(cfg.model)(input_shape=datamodule.input_shape, num_outputs=n_out)
+    model = wrap_model(cfg.get("augmentation"), model)  # augmentation/: logits averaged over transforms
     scheduler = instantiate(cfg.lr_scheduler) if cfg.get("lr_scheduler") else None
     module = MAPModule(
         model=model,
@@ -109,6 +115,14 @@ def build_callbacks(cfg: DictConfig, output_dir: Path) -> list[pl.Callback]:
             n_steps=m.n_steps, burnin=m.burnin, lr_hyp=m.lr_hyp, lr_hyp_min=m.lr_hyp_min,
             optimize_sigma=m.optimize_sigma, early_stopping=m.early_stopping, log_min=m.log_min,
             log_max=m.log_max, fit_batch_size=cfg.curvature.get("fit_batch_size"), fused=m.fused,
+        ))
+    aug = cfg.get("augmentation")
+    # after OnlineMarglik: the eta step uses the new prior; mode none + report: eta = 0 and the marglik in metrics
+    if aug is not None and (aug.mode != "none" or (aug.get("report") and cfg.marglik.mode == "online")):
+        callbacks.append(AugmentationMarglik(
+            aug.mode == "learned", cfg.curvature.hessian_structure, cfg.curvature.type, cfg.marglik.get("frequency", 1),
+            cfg.marglik.get("burnin", 0), aug.get("lr", 0.05), aug.get("lr_min", 0.05), cfg.curvature.get("fit_batch_size"),
+            cfg.curvature.subset_of_weights == "all",
         ))
     if cfg.checkpoint.enabled:
         callbacks.append(pl.callbacks.ModelCheckpoint(
@@ -162,6 +176,8 @@ def train_map(cfg: DictConfig, output_dir: Path, loggers) -> tuple[LabDataModule
         metrics = {"time/fit_s": time.perf_counter() - start}
     if "val/nll" in trainer.callback_metrics:
         metrics["val/nll"] = float(trainer.callback_metrics["val/nll"])
+    for cb in callbacks:  # final augmentation ranges (AugmentationMarglik)
+        metrics.update(getattr(cb, "final_metrics", dict)())
     metrics.update(guard_counts(module, trainer))
     log.info("MAP training: %s, %d epochs, %d steps, %.1f s, val/nll %s",
              "loaded from the MAP cache" if metrics.get("map_cache/hit") else "trained", trainer.current_epoch,
@@ -264,6 +280,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     """Validate, build, train and evaluate one run; returns the final metrics."""
     with config_phase():
         validate_config(cfg)
+        validate_augmentation_config(cfg)
         validate_evaluation_config(cfg.evaluation)
         ensemble.validate_ensemble_config(cfg)
         check_accelerator(cfg.trainer)

@@ -43,6 +43,10 @@ SMOKE = {
     "eschenhagen2021_mnist_cpu": ['hydra.sweeper.params.seed="0,1"', "trainer.max_epochs=1", "data.n_train_subset=256",
                                   "trainer.limit_val_batches=1", "ensemble.size=2",
                                   "evaluation.shift.rotation.angles=[0,45,90]"],  # the table has rot_45 columns
+    "immer2022_invariance_cpu": ["hydra.sweeper.params={}", "data.transform=none,rotated_full",
+                                 "augmentation=none,learned", "seed=0,1",
+                                 "trainer.max_epochs=2", "data.n_train_subset=128", "data.n_val=128",
+                                 "augmentation.n_samples=2", "marglik.burnin=0", "trainer.limit_val_batches=1"],
     "cifar10_resnet18": ['hydra.sweeper.params.seed="0,1"', "data=fake_data", "trainer=debug", "model.width=4",
                          "logger.wandb.enabled=false", "data.num_workers=0", CIFAR_SMOKE_METRICS],
     "cifar10_wrn16_4": ['hydra.sweeper.params.seed="0,1"', "data=fake_data", "trainer=debug", "model.widen_factor=1",

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from laplace_lab.data.base import LabDataModule, split_off_validation
 from laplace_lab.data.checks import check_finite, check_idx_file, check_labels
+from laplace_lab.data.transformed import check_transform, transform_images
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +132,11 @@ def load_tensors(name: str, root: Path, train: bool, fake_size: int = 256) -> Te
     return TensorDataset(images, labels)
 
 
+def _transformed(ds: TensorDataset, kind: str, train: bool) -> TensorDataset:
+    X, y = ds.tensors
+    return TensorDataset(transform_images(X, kind, train), y)
+
+
 class AugmentedDataset(Dataset):
     """Random crop (zero padding ``pad``) and horizontal flip on a tensor image dataset."""
 
@@ -163,6 +169,8 @@ class VisionDataModule(LabDataModule):
         augment: random crop + flip on training images (CIFAR-style).
         download: let torchvision try to download missing files.
         fake_size: number of images of ``fake_data`` per split (smoke tests).
+        transform: fixed-seed transformed variant of both splits (``data.transformed``): ``none`` |
+            ``rotated_full`` | ``rotated_partial`` | ``translated``.
     """
 
     task = "classification"
@@ -171,8 +179,9 @@ class VisionDataModule(LabDataModule):
     def __init__(self, name: str = "mnist", data_dir: str = "data", n_val: int = 5000,
                  n_train_subset: int | None = None, ood: list[str] | tuple[str, ...] = (),
                  ood_if_missing: str = "skip", augment: bool = False, download: bool = True,
-                 fake_size: int = 256, **kwargs):
+                 fake_size: int = 256, transform: str = "none", **kwargs):
         super().__init__(**kwargs)
+        self.transform = check_transform(transform)
         for option, value in [("data.name", name)] + [("data.ood", o) for o in ood]:
             if value not in VISION_DATASETS:
                 raise ValueError(f"{option}={value!r} is not supported; allowed: {sorted(VISION_DATASETS)}")
@@ -202,13 +211,15 @@ class VisionDataModule(LabDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self._loaded:
             return
-        full_train = load_tensors(self.name, self.root, train=True, fake_size=self.fake_size)
+        full_train = _transformed(load_tensors(self.name, self.root, train=True, fake_size=self.fake_size),
+                                  self.transform, train=True)
         train, self.val_set = split_off_validation(full_train, min(self.n_val, len(full_train) // 5), self.seed)
         if self.n_train_subset is not None:
             train = Subset(train, range(min(self.n_train_subset, len(train))))
         self.train_plain = train
         self.train_set = AugmentedDataset(train) if self.augment else train
-        self.test_set = load_tensors(self.name, self.root, train=False, fake_size=self.fake_size)
+        self.test_set = _transformed(load_tensors(self.name, self.root, train=False, fake_size=self.fake_size),
+                                     self.transform, train=False)
         self._loaded = True
 
     def train_eval_dataloader(self, batch_size: int | None = None) -> DataLoader:

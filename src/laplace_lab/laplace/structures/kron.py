@@ -170,7 +170,11 @@ class KronStructure(Structure):
 
     @staticmethod
     def _eigh(M):
-        lam, Q = torch.linalg.eigh(M)
+        try:
+            lam, Q = torch.linalg.eigh(M)
+        except torch.linalg.LinAlgError:  # float32 LAPACK can fail to converge on rank-deficient
+            # factors (seen for A of an augmented MLP on 128 MNIST images); the same decomposition in float64
+            lam, Q = (t.to(M.dtype) for t in torch.linalg.eigh(M.double()))
         return lam.clamp_min(0), Q
 
     def finalize(self):

@@ -1,0 +1,228 @@
+"""The ``augmentation/`` config group: wrap the network in ``AugmentedModel`` and learn the
+augmentation ranges ``eta`` by the Laplace marglik during training (Immer, van der Ouderaa et
+al. 2022), next to the online marglik's prior precisions.
+
+Modes: ``none`` (the plain network), ``fixed`` (``init`` ranges, never changed), ``learned``
+(``AugmentationMarglik`` takes one Adam step on ``-log marglik`` w.r.t. the ``learnable`` ranges in
+every marglik epoch of the online schedule, after ``OnlineMarglik`` updated the prior). The
+gradient comes from one training batch (``differentiable_marglik.log_marglik`` with ``full``: the
+value is the full-data marglik), as in the authors' code (one partial fit per epoch,
+``n_hypersteps = 1``); the rate follows a cosine from ``lr`` to ``lr_min`` over the marglik epochs.
+
+Every epoch the current ranges are logged as ``augmentation/<name>`` (csv/metrics.csv); at the end
+of training ``figures/augmentation_eta.png`` shows them over the epochs.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytorch_lightning as pl
+import torch
+from omegaconf import DictConfig
+
+from laplace_lab.laplace import differentiable_marglik as dm
+from laplace_lab.models.augmentation import TRANSFORMS, AffineAugmentation, AugmentedModel
+from laplace_lab.training.online_marglik import marglik_epochs
+
+MODES = ("none", "fixed", "learned")
+
+
+def validate_augmentation_config(cfg: DictConfig) -> None:
+    """Reject invalid ``augmentation.*`` values and combinations (before any work)."""
+    aug = cfg.get("augmentation")
+    if aug is None:
+        return
+    mode = aug.get("mode")
+    if mode not in MODES:
+        raise ValueError(f"augmentation.mode={mode!r} is not supported; allowed: {list(MODES)}")
+    if mode == "none":
+        return
+    AffineAugmentation(int(aug.n_samples), dict(aug.get("init") or {}), list(aug.get("learnable") or []),
+                       aug.get("interpolation", "bilinear"))  # raises on bad names / values
+    if cfg.data.get("_target_", "") != "laplace_lab.data.VisionDataModule":
+        raise ValueError(f"augmentation.mode={mode!r} needs an image data set (data=mnist, ...); got "
+                         f"data._target_={cfg.data.get('_target_')!r}")
+    if cfg.predictive.pred_type == "glm":
+        raise ValueError(f"augmentation.mode={mode!r} supports predictive.pred_type in ['map', 'nn'] (the GLM "
+                         "predictive of an output-averaged network is not implemented); got predictive.pred_type='glm'")
+    if mode == "learned":
+        if not aug.get("learnable"):
+            raise ValueError("augmentation.mode=learned needs a non-empty augmentation.learnable; "
+                             f"allowed names: {list(TRANSFORMS)}")
+        if cfg.marglik.mode != "online":
+            raise ValueError(f"augmentation.mode=learned needs marglik=online (the ranges are learned by the "
+                             f"online marglik); got marglik.mode={cfg.marglik.mode!r}")
+        c = cfg.curvature
+        if c.subset_of_weights != "all" or c.hessian_structure not in dm.STRUCTURES or c.type not in dm.CURVATURES:
+            raise ValueError(
+                "augmentation.mode=learned needs curvature.subset_of_weights=all, curvature.hessian_structure in "
+                f"{list(dm.STRUCTURES)} and curvature.type in {list(dm.CURVATURES)}; got "
+                f"({c.subset_of_weights}, {c.hessian_structure}, {c.type})")
+        if cfg.prior.structure not in ("scalar", "layerwise"):
+            raise ValueError(f"augmentation.mode=learned needs prior.structure in ['scalar', 'layerwise']; "
+                             f"got {cfg.prior.structure!r}")
+        for key in ("lr", "lr_min"):
+            if not float(aug[key]) > 0:
+                raise ValueError(f"augmentation.{key} must be > 0; got {aug[key]!r}")
+
+
+def wrap_model(aug_cfg: DictConfig | None, net: torch.nn.Module) -> torch.nn.Module:
+    """``net`` itself (mode none / no group) or ``AugmentedModel(net, AffineAugmentation(...))``."""
+    if aug_cfg is None or aug_cfg.mode == "none":
+        return net
+    learnable = list(aug_cfg.get("learnable") or []) if aug_cfg.mode == "learned" else []
+    aug = AffineAugmentation(int(aug_cfg.n_samples), dict(aug_cfg.get("init") or {}), learnable,
+                             aug_cfg.get("interpolation", "bilinear"))
+    return AugmentedModel(net, aug)
+
+
+class AugmentationMarglik(pl.Callback):
+    """Logs ``eta`` every epoch; with ``learn`` also takes its marglik step (module docstring).
+
+    Args:
+        learn: optimise the learnable ranges (mode learned) or only log them (mode fixed).
+        structure, curvature: ``differentiable_marglik`` options (``kron`` | ``diag``, ``ggn`` | ``ef``).
+        frequency, burnin: the online marglik's F and B (same epochs).
+        lr, lr_min: Adam rate on eta, cosine-decayed to ``lr_min`` over the marglik epochs.
+        fit_batch_size: batch size of the graph-free full-data pass (``None``: the data module's).
+        subset_all: the curvature covers all weights (else no final ``augmentation/log_marglik``).
+    """
+
+    def __init__(self, learn: bool, structure: str = "kron", curvature: str = "ggn", frequency: int = 1,
+                 burnin: int = 0, lr: float = 0.05, lr_min: float = 0.05, fit_batch_size: int | None = None,
+                 subset_all: bool = True):
+        super().__init__()
+        self.subset_all = subset_all
+        self.learn, self.structure, self.curvature = learn, structure, curvature
+        self.frequency, self.burnin = frequency, burnin
+        self.lr, self.lr_min, self.fit_batch_size = lr, lr_min, fit_batch_size
+        self.eta: torch.Tensor | None = None
+        self.optimizer: torch.optim.Adam | None = None
+        self.steps_done = 0
+        self.history: list[dict] = []
+
+    def _lr(self, total: int) -> float:
+        progress = min(self.steps_done / max(total, 1), 1.0)
+        return self.lr_min + 0.5 * (self.lr - self.lr_min) * (1 + math.cos(math.pi * progress))
+
+    def _step(self, trainer: pl.Trainer, module) -> float:
+        model = module.model
+        aug = model.augmentation
+        if self.eta is None:
+            self.eta = aug.eta.detach().clone().requires_grad_(True)
+            self.optimizer = torch.optim.Adam([self.eta], lr=self.lr)
+        dmod = trainer.datamodule
+        lik = module.likelihood
+        was_training = model.training
+        model.eval()
+        full = dm.fit_factors(model, dmod.train_eval_dataloader(batch_size=self.fit_batch_size), self.structure,
+                              self.curvature, lik)
+        X, y = next(iter(dmod.train_dataloader()))  # a shuffled training batch: the partial fit
+        X, y = X.to(aug.eta.device), y.to(aug.eta.device)
+        prior = module.prior_precision.detach().to(aug.eta.dtype)
+        total = len(marglik_epochs(trainer.max_epochs, self.burnin, self.frequency))
+        for group in self.optimizer.param_groups:
+            group["lr"] = self._lr(total)
+        self.optimizer.zero_grad()
+        marglik = dm.log_marglik(model, X, y, self.eta, prior, self.structure, self.curvature, lik,
+                                 temperature=module.temperature, full=full)
+        (-marglik).backward()
+        if torch.isfinite(self.eta.grad).all():
+            self.optimizer.step()
+        self.steps_done += 1
+        with torch.no_grad():
+            aug.eta.copy_(torch.where(aug.learnable, self.eta, aug.eta))
+        model.train(was_training)
+        return float(marglik.detach())
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, module) -> None:
+        values = {}
+        if self.learn and trainer.current_epoch + 1 in marglik_epochs(trainer.max_epochs, self.burnin, self.frequency):
+            values["augmentation/log_marglik"] = self._step(trainer, module)
+        values.update(_ranges(module.model))
+        self.history.append({"epoch": trainer.current_epoch + 1, **values})
+        module.log_dict(values, on_step=False, on_epoch=True)
+
+    def on_train_end(self, trainer: pl.Trainer, module) -> None:
+        # OnlineMarglik's early stopping (called before this callback) may have restored an earlier
+        # eta with the best-marglik weights: the final ranges are read from the model
+        self._final = _ranges(module.model)
+        online = [cb for cb in trainer.callbacks if hasattr(cb, "best_marglik") and hasattr(cb, "history")]
+        if online and online[0].history:
+            best = online[0].best_marglik
+            self._final["marglik/best_log_marglik"] = best if math.isfinite(best) else online[0].history[-1][
+                "marglik/log_marglik"]
+        if self.structure in dm.STRUCTURES and self.curvature in dm.CURVATURES and self.subset_all:
+            self._final["augmentation/log_marglik"] = self._final_marglik(trainer, module)
+        if self.history:
+            plot_eta(self.history, Path(trainer.default_root_dir) / "figures" / "augmentation_eta.png")
+
+    def _final_marglik(self, trainer: pl.Trainer, module) -> float:
+        """Full-data log marglik of the final network with ``differentiable_marglik``'s curvature (the
+        reduce KFAC of the averaged model; a plain network is wrapped with ``S = 1``, ``eta = 0``),
+        comparable across the none / fixed / learned rows, unlike ``OnlineMarglik``'s value, whose
+        engine KFAC under-counts the curvature of averaged outputs (see ``differentiable_marglik``)."""
+        model = module.model
+        if not isinstance(model, AugmentedModel):
+            p = next(model.parameters())
+            model = AugmentedModel(model, AffineAugmentation(1)).to(device=p.device, dtype=p.dtype)
+        was_training = model.training
+        model.eval()
+        fac = dm.fit_factors(model, trainer.datamodule.train_eval_dataloader(batch_size=self.fit_batch_size),
+                             self.structure, self.curvature, module.likelihood)  # graph-free
+        value = dm.log_marglik_from_factors(model, fac, module.prior_precision.detach().to(p_dtype(model)),
+                                            self.structure, module.temperature, module.likelihood)
+        model.train(was_training)
+        return float(value)
+
+    def final_metrics(self) -> dict[str, float]:
+        """``augmentation/<name>`` final ranges, ``augmentation/log_marglik`` (final, this module's
+        curvature) and ``marglik/best_log_marglik`` (``OnlineMarglik``'s) for metrics.json."""
+        return dict(getattr(self, "_final", {}))
+
+    def state_dict(self) -> dict:
+        return {"eta": None if self.eta is None else self.eta.detach().clone(), "steps_done": self.steps_done,
+                "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
+                "history": self.history}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps_done, self.history = state["steps_done"], list(state["history"])
+        if state["eta"] is not None:
+            self.eta = state["eta"].clone().requires_grad_(True)
+            self.optimizer = torch.optim.Adam([self.eta], lr=self.lr)
+            self.optimizer.load_state_dict(state["optimizer"])
+
+
+def p_dtype(model: torch.nn.Module) -> torch.dtype:
+    return next(model.parameters()).dtype
+
+
+def _ranges(model) -> dict[str, float]:
+    """``{"augmentation/<name>": eta}``; all 0 for a network without augmentation (mode none)."""
+    if isinstance(model, AugmentedModel):
+        return {f"augmentation/{n}": v for n, v in model.augmentation.ranges().items()}
+    return {f"augmentation/{n}": 0.0 for n in TRANSFORMS}
+
+
+def plot_eta(history: list[dict], path: Path) -> None:
+    """One line per transform: ``|eta|`` over the epochs (rotation in degrees on a second axis)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    epochs = [h["epoch"] for h in history]
+    fig, (ax_rot, ax_rest) = plt.subplots(1, 2, figsize=(9, 3.2))
+    ax_rot.plot(epochs, [abs(h["augmentation/rotation"]) * 180 / math.pi for h in history])
+    ax_rot.set(xlabel="epoch", ylabel="rotation range (degrees)", ylim=(0, 185))
+    for n in TRANSFORMS:
+        if n != "rotation":
+            ax_rest.plot(epochs, [abs(h[f"augmentation/{n}"]) for h in history], label=n)
+    ax_rest.set(xlabel="epoch", ylabel="|eta| (normalised units)")
+    ax_rest.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
