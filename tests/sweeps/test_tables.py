@@ -389,7 +389,7 @@ def test_end_of_sweep_table_goes_into_the_sweep_folder_with_this_launch(sweep, t
     assert "runs: 4 finished jobs" in text  # the L0 job belongs to another launch
     # abc1234 is not a commit of the repository: stated in the header, not refused, at the end of a sweep
     assert "provenance: NOT ONE CLEAN COMMIT" in text and "does not contain conf/experiment/toy.yaml" in text
-    assert "No `experiments/*/reference.yaml` names preset `toy`: no verdicts." in text
+    assert "No `experiments/*/reference*.yaml` names preset `toy`: no verdicts." in text
 
 
 # --- bad values and bad job folders (issue 17) ------------------------------------------------------------
