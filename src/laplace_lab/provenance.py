@@ -14,13 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from laplace_lab.sweeps.status import (
-    ENTRY,
-    REPO_ROOT,
-    RUN_ONLY_KEYS,
-    RUN_ONLY_SUBKEYS,
-    read_launches,
-)
+from laplace_lab.sweeps import run_only
+from laplace_lab.sweeps.status import ENTRY, REPO_ROOT, read_launches
 
 UNRECORDED = "(not recorded)"
 OUTSIDE = "<outside the repository>"
@@ -75,11 +70,10 @@ def _key(token: str) -> str:
 
 
 def is_run_only(key: str) -> bool:
-    """True for override keys that do not change a run's result (``sweeps.status.RUN_ONLY_*`` and
-    the launcher)."""
-    top, _, sub = key.partition(".")
-    return (top in RUN_ONLY_KEYS or sub.split(".")[0] in RUN_ONLY_SUBKEYS.get(top, ())
-            or key.startswith(("hydra/launcher", "hydra.launcher")))
+    """True for override keys that do not change a run's result (``sweeps.run_only.is_run_only``:
+    run-only keys, Hydra's groups such as the launcher), except the preset choice ``experiment``,
+    which tells two launch commands apart."""
+    return run_only.is_run_only(key) and _key(key).split(".", 1)[0] != "experiment"
 
 
 def normalized_command(command: str) -> str:
