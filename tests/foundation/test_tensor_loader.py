@@ -7,7 +7,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Subset, TensorDataset
 
-from laplace_lab.data.base import EpochShuffleSampler, LabDataModule, TensorRows, split_off_validation
+from laplace_lab.data.base import (
+    EpochShuffleSampler,
+    LabDataModule,
+    TensorRows,
+    split_off_validation,
+)
 
 
 def _row_by_row(dataset, shuffle, batch_size, seed):

@@ -9,7 +9,13 @@ import torch
 from laplace_refs import cnn, data, mlp
 
 from laplace_lab.laplace import Laplace
-from laplace_lab.laplace.eigen_marglik import EigenMarglik, FullMarglik, closed_form, supports, supports_full
+from laplace_lab.laplace.eigen_marglik import (
+    EigenMarglik,
+    FullMarglik,
+    closed_form,
+    supports,
+    supports_full,
+)
 
 CASES = [  # (structure, prior structure, number of prior values)
     ("kron", "scalar", 1), ("kron", "layerwise", None), ("kron", "normgroups", 2),
