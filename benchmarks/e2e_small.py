@@ -10,8 +10,9 @@ layerwise prior, noise std by marglik):
   standardised split, exported here to a ``.pt`` file before the timing.
 
 Each time is the wall time of the whole process (interpreter start, imports, data, training,
-evaluation). Printed per set: the medians over repeats, their ratio (ours / peer) and both
-test log likelihoods (original units). Also times the default experiment (``make run``:
+evaluation), and beside it the process's CPU time (user + system, from ``wait4``), which a load
+on the machine inflates far less than the wall time. Printed per set: the medians over repeats,
+their ratios (ours / peer) and both test log likelihoods (original units). Also times the default experiment (``make run``:
 ``python -m laplace_lab.train`` with no overrides). Data from ``LAPLACE_LAB_DATA_DIR`` (else
 the repository's ``data/``).
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -60,27 +62,37 @@ def export_split(name: str, data_dir: str, path: Path) -> None:
                 "target_std": float(dm.target_std.reshape(-1)[0])}, path)
 
 
-def timed(cmd: list[str], env: dict) -> tuple[float, str]:
-    start = time.perf_counter()
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(cmd: list[str], env: dict) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds, stdout) of one process (run alone: the children's CPU delta)."""
+    cpu, start = _children_cpu(), time.perf_counter()
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, _children_cpu() - cpu
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return wall, proc.stdout
+    return wall, cpu, proc.stdout
 
 
-def run_ours(overrides: list[str], env: dict, workdir: Path) -> tuple[float, float | None]:
-    """(wall seconds, test/la/ll or None) of one ``laplace_lab.train`` process."""
+def run_ours(overrides: list[str], env: dict, workdir: Path) -> tuple[float, float, float | None]:
+    """(wall s, CPU s, test/la/ll or None) of one ``laplace_lab.train`` process."""
     run_dir = Path(tempfile.mkdtemp(dir=workdir))
-    wall, _ = timed([sys.executable, "-m", "laplace_lab.train", *overrides, f"hydra.run.dir={run_dir}"], env)
+    wall, cpu, _ = timed([sys.executable, "-m", "laplace_lab.train", *overrides, f"hydra.run.dir={run_dir}"], env)
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    return wall, metrics.get("test/la/ll")
+    return wall, cpu, metrics.get("test/la/ll")
 
 
-def run_peer(split: Path, epochs: int, env: dict) -> tuple[float, float]:
-    wall, out = timed([sys.executable, str(ROOT / "benchmarks" / "e2e_peer.py"), str(split),
-                       f"--epochs={epochs}"], env)
-    return wall, json.loads(out.strip().splitlines()[-1])["test_ll"]
+def run_peer(split: Path, epochs: int, env: dict) -> tuple[float, float, float]:
+    wall, cpu, out = timed([sys.executable, str(ROOT / "benchmarks" / "e2e_peer.py"), str(split),
+                            f"--epochs={epochs}"], env)
+    return wall, cpu, json.loads(out.strip().splitlines()[-1])["test_ll"]
+
+
+def medians(rows: list[tuple[float, ...]]) -> list[float]:
+    return [statistics.median(column) for column in zip(*rows)]
 
 
 def main() -> None:
@@ -102,8 +114,9 @@ def main() -> None:
            "LAPLACE_LAB_DATA_DIR": data_dir, "WANDB_SILENT": "true",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     print(f"threads={args.threads} repeats={args.repeats} epochs={args.epochs} data={data_dir}", flush=True)
-    print("| set | ours [s] | laplace-torch [s] | ours / peer | ours test LL | peer test LL |")
-    print("|---|---|---|---|---|---|", flush=True)
+    print("| set | ours wall [s] | peer wall [s] | wall ours / peer | ours CPU [s] | peer CPU [s] | "
+          "CPU ours / peer | ours test LL | peer test LL |")
+    print("|---|---|---|---|---|---|---|---|---|", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         for name in sets:
@@ -115,17 +128,18 @@ def main() -> None:
                 ours.append(run_ours(overrides, env, workdir))
                 if not args.skip_peer:
                     peer.append(run_peer(split, args.epochs, env))
-            t_ours, ll_ours = statistics.median(w for w, _ in ours), statistics.median(ll for _, ll in ours)
+            w, c, ll = medians(ours)
             if peer:
-                t_peer, ll_peer = statistics.median(w for w, _ in peer), statistics.median(ll for _, ll in peer)
-                print(f"| {name} | {t_ours:.2f} | {t_peer:.2f} | {t_ours / t_peer:.2f} | {ll_ours:.3f} | "
-                      f"{ll_peer:.3f} |", flush=True)
+                pw, pc, pll = medians(peer)
+                print(f"| {name} | {w:.2f} | {pw:.2f} | {w / pw:.2f} | {c:.2f} | {pc:.2f} | {c / pc:.2f} | "
+                      f"{ll:.3f} | {pll:.3f} |", flush=True)
             else:
-                print(f"| {name} | {t_ours:.2f} | - | - | {ll_ours:.3f} | - |", flush=True)
+                print(f"| {name} | {w:.2f} | - | - | {c:.2f} | - | - | {ll:.3f} | - |", flush=True)
         if not args.skip_default:
-            walls = [run_ours([], env, workdir)[0] for _ in range(args.repeats)]
-            print(f"\ndefault experiment (`make run`, no overrides): median {statistics.median(walls):.2f} s "
-                  f"over {args.repeats} (all: {', '.join(f'{w:.2f}' for w in walls)})", flush=True)
+            runs = [run_ours([], env, workdir) for _ in range(args.repeats)]
+            w, c, _ = medians(runs)
+            print(f"\ndefault experiment (`make run`, no overrides): median wall {w:.2f} s, CPU {c:.2f} s over "
+                  f"{args.repeats} (walls: {', '.join(f'{r[0]:.2f}' for r in runs)})", flush=True)
 
 
 if __name__ == "__main__":
