@@ -48,6 +48,11 @@ def test_batches_equal_the_row_by_row_loader(which):
         assert len(got) == len(want)
         for (x, y), (xr, yr) in zip(got, want):
             assert torch.equal(x, xr) and torch.equal(y, yr) and y.dtype == yr.dtype
+    if which == "train":  # the order is drawn at the first batch: set_epoch after iter() still counts
+        it = iter(loader)
+        loader.sampler.set_epoch(5)
+        ref_sampler.set_epoch(5)
+        assert torch.equal(next(it)[1], next(iter(reference))[1])
     if which == "train":  # another epoch, another order
         loader.sampler.set_epoch(0)
         first = torch.cat([y for _, y in loader])

@@ -88,8 +88,10 @@ class BatchIndexSampler(Sampler[torch.Tensor]):
         return math.ceil(self.n / self.batch_size)
 
     def __iter__(self):
+        # a generator: the order is drawn at the first batch, not at iter(); Lightning may create the
+        # epoch's iterator before it calls set_epoch (a run resumed from a checkpoint does)
         order = epoch_permutation(self.n, self.seed, self.epoch) if self.shuffle else torch.arange(self.n)
-        return iter(order.split(self.batch_size))
+        yield from order.split(self.batch_size)
 
 
 class LabDataModule(pl.LightningDataModule):
