@@ -51,6 +51,8 @@ def data_overrides(name: str) -> list[str]:
 
 def export_split(name: str, data_dir: str, path: Path) -> None:
     """The standardised train/test tensors our data module builds, for the peer."""
+    if str(ROOT / "src") not in sys.path:  # this checkout's data modules, as in the timed processes
+        sys.path.insert(0, str(ROOT / "src"))
     from laplace_lab.data import SinusoidDataModule, UCIDataModule
 
     if name == "sinusoid":
