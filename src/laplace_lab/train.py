@@ -124,10 +124,12 @@ def build_callbacks(cfg: DictConfig, output_dir: Path) -> list[pl.Callback]:
             cfg.marglik.get("burnin", 0), aug.get("lr", 0.05), aug.get("lr_min", 0.05), cfg.curvature.get("fit_batch_size"),
             cfg.curvature.subset_of_weights == "all",
         ))
-    if cfg.checkpoint.enabled:
+    if cfg.checkpoint.enabled:  # last.ckpt, plus the best by checkpoint.monitor if set
+        monitor = cfg.checkpoint.get("monitor")
         callbacks.append(pl.callbacks.ModelCheckpoint(
             dirpath=cfg.checkpoint.dirpath or str(output_dir / "checkpoints"), every_n_epochs=cfg.checkpoint.every_n_epochs,
-            save_last=True, save_top_k=-1, filename="epoch{epoch}", auto_insert_metric_name=False,
+            save_last=True, save_top_k=1 if monitor else 0, monitor=monitor, mode=cfg.checkpoint.get("mode", "min"),
+            filename="best-epoch{epoch}", auto_insert_metric_name=False,
         ))
     return callbacks
 

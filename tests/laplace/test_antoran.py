@@ -263,3 +263,45 @@ def test_scale_invariance_evidence_at_linear_mode():
     a = _fit(model, loader, "full", "scalar", "linear_mode")
     b = _fit(scaled, loader, "full", "scalar", "linear_mode")
     assert _rel_change(glm_moments(a, Xt)[1], glm_moments(b, Xt)[1]) > 0.1  # measured 0.70
+
+
+# ------------------------------------------------------------------ solve on a data subset (issue 16)
+def test_subset_rows_is_seeded_and_complete_sets_pass_through():
+    from laplace_lab.laplace.linear_mode import subset_rows
+
+    X, y, loader = _data("classification")
+    same, scale, n = subset_rows(loader, 40)
+    assert same == loader and scale == 1.0 and n == 40
+    a, scale, n = subset_rows(loader, 30, seed=3)
+    b, _, _ = subset_rows(loader, 30, seed=3)
+    c, _, _ = subset_rows(loader, 30, seed=4)
+    assert scale == pytest.approx(40 / 30) and n == 40 and [len(yb) for _, yb in a] == [25, 5]
+    xa = torch.cat([xb for xb, _ in a])
+    assert torch.equal(xa, torch.cat([xb for xb, _ in b])) and not torch.equal(xa, torch.cat([xb for xb, _ in c]))
+    rows = [int((X == r).all(1).nonzero()) for r in xa]  # distinct rows of X, labels kept with them
+    assert len(set(rows)) == 30 and torch.equal(torch.cat([yb for _, yb in a]), y[rows])
+
+
+@pytest.mark.parametrize("likelihood", ["regression", "classification"])
+def test_solve_on_a_subset_is_the_scaled_subset_map_with_the_full_data_loss(likelihood):
+    """``solve_subset=n``: theta* is the MAP of the linear model with the subset's NLL scaled by
+    N / n; ``la.loss`` is the linear model's NLL over all N rows at theta*."""
+    from laplace_lab.laplace.linear_mode import LinearisedObjective, subset_rows
+
+    X, y, loader = _data(likelihood)
+    model = nn.Linear(3, 2).to(DT)
+    sigma, delta = (0.7 if likelihood == "regression" else 1.0), 0.5
+    la = Laplace(model, likelihood, subset_of_weights="all", hessian_structure="full",
+                 prior_precision=delta, sigma_noise=sigma)
+    la.fit(loader)
+    fit_linear_mode(la, loader, optimize_prior=False, solve_subset=20, seed=5)
+    sub, scale, _ = subset_rows(loader, 20, seed=5)
+    Xs, ys = torch.cat([b[0] for b in sub]), torch.cat([b[1] for b in sub])
+    # the scaled subset objective of a linear model = the network's, with delta / scale
+    ref = _map(model, Xs, ys, likelihood, delta / scale, sigma)
+    torch.testing.assert_close(la.mean, _flat(ref), atol=1e-7, rtol=1e-7)
+    full = LinearisedObjective(la, loader).nll(la.linear_offset)
+    torch.testing.assert_close(la.loss, full, atol=1e-10, rtol=1e-10)
+    assert not torch.allclose(la.loss, LinearisedObjective(la, sub, scale=scale).nll(la.linear_offset))
+    with pytest.raises(ValueError, match="solve_subset"):
+        fit_linear_mode(la, loader, optimize_prior=False, solve_subset=0)

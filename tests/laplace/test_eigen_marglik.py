@@ -1,5 +1,6 @@
 """``EigenMarglik``: the log marglik of kron / diag fits from eigenvalues taken once, and its
-closed-form gradient, equal ``Laplace.log_marginal_likelihood`` and its autograd gradient (float64)."""
+closed-form gradient, equal ``Laplace.log_marginal_likelihood`` and its autograd gradient (float64);
+``FullMarglik`` the same for full fits (one Cholesky per call)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,18 @@ import torch
 from laplace_refs import cnn, data, mlp
 
 from laplace_lab.laplace import Laplace
-from laplace_lab.laplace.eigen_marglik import EigenMarglik, supports
+from laplace_lab.laplace.eigen_marglik import (
+    EigenMarglik,
+    FullMarglik,
+    closed_form,
+    supports,
+    supports_full,
+)
 
 CASES = [  # (structure, prior structure, number of prior values)
     ("kron", "scalar", 1), ("kron", "layerwise", None), ("kron", "normgroups", 2),
     ("diag", "scalar", 1), ("diag", "layerwise", None), ("diag", "diagonal", "P"),
+    ("full", "scalar", 1), ("full", "layerwise", None), ("full", "normgroups", 2), ("full", "diagonal", "P"),
 ]
 
 
@@ -38,8 +46,9 @@ def _log_values(la, n):
 @pytest.mark.parametrize("kind,lik", [("mlp", "classification"), ("mlp", "regression"), ("cnn", "classification")])
 def test_value_and_gradient_equal_the_engine(kind, lik, structure, prior_structure, n):
     la = _fit(kind, lik, structure, prior_structure)
-    assert supports(la)
-    em = EigenMarglik(la)  # checks itself against la at the current values
+    assert (supports_full if structure == "full" else supports)(la)
+    em = closed_form(la)  # checks itself against la at the current values
+    assert type(em) is (FullMarglik if structure == "full" else EigenMarglik)
     log_prior = _log_values(la, n).requires_grad_(True)
     log_sigma = torch.tensor(-0.3, dtype=torch.float64, requires_grad=True) if lik == "regression" else None
     sigma = log_sigma.exp() if log_sigma is not None else None
@@ -68,6 +77,8 @@ def test_unsupported_fits_and_a_disagreeing_engine_are_refused():
     assert not supports(la)
     with pytest.raises(ValueError, match="kron"):
         EigenMarglik(la)
+    with pytest.raises(ValueError, match="full"):
+        FullMarglik(_fit("mlp", "classification", "kron", "scalar"))
     em = EigenMarglik(_fit("mlp", "classification", "kron", "scalar"), check=False)
     em.h = em.h * 3  # as if an engine convention changed: the self-check refuses
     with pytest.raises(ValueError, match="disagrees"):

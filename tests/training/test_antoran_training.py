@@ -122,7 +122,9 @@ def test_posthoc_normgroups_and_linear_mode():
     ref.fit(loader)
     fit_linear_mode(ref, list(loader), n_outer=3, tol=cfg.marglik.linear_mode.tol,
                     cg_tol=cfg.marglik.linear_mode.cg_tol, cg_max_iter=cfg.marglik.linear_mode.cg_max_iter,
-                    max_newton=cfg.marglik.linear_mode.max_newton, newton_tol=cfg.marglik.linear_mode.newton_tol)
+                    max_newton=cfg.marglik.linear_mode.max_newton, newton_tol=cfg.marglik.linear_mode.newton_tol,
+                    round_newton=cfg.marglik.linear_mode.round_newton,
+                    solve_subset=cfg.marglik.linear_mode.solve_subset, seed=cfg.seed)
     torch.testing.assert_close(la.prior_precision, ref.prior_precision)
     torch.testing.assert_close(la.mean, ref.mean)
     # the evaluation's predictive is the linear model's at theta*: it differs from the weights'

@@ -72,6 +72,7 @@ def test_nonfinite_steps_are_rejected_and_training_goes_on():
     # A marglik that is NaN: every step rejected, values untouched, training finishes.
     la_marglik = callback._marglik
     callback._marglik = lambda la: la_marglik(la) * float("nan")
+    callback._eigen_marglik = lambda la: None  # the autograd path (full fits take FullMarglik's gradient)
     before = callback.log_prior.detach().clone()
     la = Laplace(module.model, "regression", subset_of_weights="all", hessian_structure="full", prior_structure="scalar")
     la.fit(dm.train_eval_dataloader())
@@ -89,6 +90,23 @@ def test_nonfinite_steps_are_rejected_and_training_goes_on():
     assert math.isnan(callback._hyper_steps(type("T", (), {"max_epochs": 3})(), la))
     assert callback.n_rejected == n_rejected + callback.n_steps
     assert torch.equal(callback.log_prior.detach(), before)
+
+    # The closed-form path (FullMarglik): a NaN gradient or a failing Cholesky is rejected the same way.
+    class Broken:
+        def __init__(self, error):
+            self.error = error
+
+        def grad_log(self, log_prior, log_sigma):
+            if self.error:
+                raise torch.linalg.LinAlgError("linalg.cholesky: not positive-definite")
+            return log_prior * float("nan"), None if log_sigma is None else log_sigma * float("nan")
+
+    for error in (False, True):
+        callback._eigen_marglik = lambda la, error=error: Broken(error)
+        n_rejected = callback.n_rejected
+        callback._hyper_steps(type("T", (), {"max_epochs": 3})(), la)
+        assert callback.n_rejected == n_rejected + callback.n_steps
+        assert torch.equal(callback.log_prior.detach(), before)
 
 
 def test_resume_from_checkpoint_reproduces_trajectory(tmp_path):
@@ -180,9 +198,10 @@ def test_fused_mode_equals_the_exact_pass_when_weights_do_not_move(ctype):
         assert histories[0] == pytest.approx(histories[1], rel=0.2)
 
 
-def test_fast_hyper_steps_follow_the_engine_marglik():
-    """kron fits take closed-form gradients (EigenMarglik); the trajectory equals K Adam steps on
-    autograd gradients of ``Laplace.log_marginal_likelihood`` (float64)."""
+@pytest.mark.parametrize("structure", ["kron", "full"])
+def test_fast_hyper_steps_follow_the_engine_marglik(structure):
+    """kron / full fits take closed-form gradients (EigenMarglik / FullMarglik); the trajectory equals
+    K Adam steps on autograd gradients of ``Laplace.log_marginal_likelihood`` (float64)."""
     from laplace_lab.training import online_marglik as om
 
     torch.manual_seed(0)
@@ -190,16 +209,19 @@ def test_fast_hyper_steps_follow_the_engine_marglik():
     model = nn.Sequential(nn.Linear(3, 6), nn.Tanh(), nn.Linear(6, 2)).double()
     module = MAPModule(model, "regression", n_data=40, optimizer=lambda p: torch.optim.SGD(p, lr=0.0),
                        prior_precision=0.5, sigma_noise=0.8)
-    la = Laplace(model, "regression", subset_of_weights="all", hessian_structure="kron", prior_structure="layerwise")
+    la = Laplace(model, "regression", subset_of_weights="all", hessian_structure=structure,
+                 prior_structure="layerwise")
     la.fit([(X[:20], y[:20]), (X[20:], y[20:])])
     trainer = type("T", (), {"max_epochs": 2})()
     results = []
     for fast in (True, False):
-        cb = OnlineMarglik({"subset_of_weights": "all", "hessian_structure": "kron", "curvature": "ggn"},
+        cb = OnlineMarglik({"subset_of_weights": "all", "hessian_structure": structure, "curvature": "ggn"},
                            prior_structure="layerwise", n_steps=30, lr_hyp=0.1, lr_hyp_min=0.01)
         cb._init_hyperparameters(module, la)
         if not fast:
             cb._eigen_marglik = lambda la: None
+        else:
+            assert cb._eigen_marglik(la) is not None
         marglik = cb._hyper_steps(trainer, la)
         results.append((marglik, cb.log_prior.detach().clone(), cb.log_sigma.detach().clone(), cb.hyper_steps_done))
     (m1, p1, s1, n1), (m2, p2, s2, n2) = results
@@ -207,7 +229,7 @@ def test_fast_hyper_steps_follow_the_engine_marglik():
     torch.testing.assert_close(p1, p2, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(s1, s2, rtol=1e-9, atol=1e-9)
     assert m1 == pytest.approx(m2, rel=1e-10)
-    assert om.eigen_marglik.supports(la)
+    assert (om.eigen_marglik.supports if structure == "kron" else om.eigen_marglik.supports_full)(la)
 
 
 @pytest.mark.parametrize("kw", [{}, {"amsgrad": True}, {"weight_decay": 0.1, "betas": (0.8, 0.99)}])

@@ -15,9 +15,17 @@ the evaluation, so nothing downstream special-cases datasets:
 
 from __future__ import annotations
 
+import math
+
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, random_split
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset, TensorDataset, random_split
+
+
+def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """``[n]`` random permutation that depends only on ``(seed, epoch)``."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=generator)
 
 
 class EpochShuffleSampler(Sampler[int]):
@@ -37,8 +45,53 @@ class EpochShuffleSampler(Sampler[int]):
         return self.n
 
     def __iter__(self):
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return iter(torch.randperm(self.n, generator=generator).tolist())
+        return iter(epoch_permutation(self.n, self.seed, self.epoch).tolist())
+
+
+class TensorRows(Dataset):
+    """Rows ``index`` (``[n]`` long, or ``None``: all) of in-memory ``tensors``; indexed by a ``[B]``
+    long tensor of positions it returns the whole batch (fresh tensors) in one gather per tensor."""
+
+    def __init__(self, tensors: tuple[torch.Tensor, ...], index: torch.Tensor | None = None):
+        self.tensors, self.index = tensors, index
+
+    @classmethod
+    def of(cls, dataset: Dataset) -> TensorRows | None:
+        """A ``TensorDataset``, possibly under ``Subset``s (their indices composed once), else ``None``."""
+        index = None
+        while isinstance(dataset, Subset):
+            idx = torch.as_tensor(dataset.indices, dtype=torch.long)
+            index = idx if index is None else idx[index]
+            dataset = dataset.dataset
+        return cls(dataset.tensors, index) if isinstance(dataset, TensorDataset) else None
+
+    def __len__(self) -> int:
+        return len(self.tensors[0]) if self.index is None else len(self.index)
+
+    def __getitem__(self, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        rows = positions if self.index is None else self.index[positions]
+        return tuple(t[rows] for t in self.tensors)
+
+
+class BatchIndexSampler(Sampler[torch.Tensor]):
+    """``[B]`` position tensors of consecutive batches of ``range(n)`` or, with ``shuffle``, of
+    ``epoch_permutation(n, seed, epoch)``: the batches a ``DataLoader`` builds from
+    ``EpochShuffleSampler`` (or no sampler) and ``batch_size``, last batch partial."""
+
+    def __init__(self, n: int, batch_size: int, shuffle: bool, seed: int):
+        self.n, self.batch_size, self.shuffle, self.seed, self.epoch = n, batch_size, shuffle, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return math.ceil(self.n / self.batch_size)
+
+    def __iter__(self):
+        # a generator: the order is drawn at the first batch, not at iter(); Lightning may create the
+        # epoch's iterator before it calls set_epoch (a run resumed from a checkpoint does)
+        order = epoch_permutation(self.n, self.seed, self.epoch) if self.shuffle else torch.arange(self.n)
+        yield from order.split(self.batch_size)
 
 
 class LabDataModule(pl.LightningDataModule):
@@ -76,6 +129,16 @@ class LabDataModule(pl.LightningDataModule):
 
     # --- loaders ----------------------------------------------------------------------
     def _loader(self, dataset: Dataset, shuffle: bool, batch_size: int | None = None) -> DataLoader:
+        """In-memory tensors (``TensorDataset``, also under ``Subset``s) are served a batch at a time
+        by tensor indexing (``TensorRows`` + ``BatchIndexSampler``: same batches, no per-row
+        ``__getitem__`` and collate); other datasets row by row."""
+        rows = TensorRows.of(dataset)
+        if rows is not None:
+            return DataLoader(
+                rows, batch_size=None,
+                sampler=BatchIndexSampler(len(rows), batch_size or self.eval_batch_size, shuffle, self.seed),
+                num_workers=self.num_workers, persistent_workers=self.num_workers > 0,
+            )
         return DataLoader(
             dataset,
             batch_size=batch_size or self.eval_batch_size,

@@ -27,6 +27,14 @@ sqrt(2 pi))``); scatter ``(theta - mu0)^T P0 (theta - mu0)`` at ``la.mean``. ``E
 checks itself against ``la.log_marginal_likelihood`` at the current hyperparameters and raises
 ``ValueError`` if they disagree (a convention changed in the engine); ``supports(la)`` tells which
 fits it handles: kron (scalar / layerwise / normgroups prior) and diag (any prior).
+
+``FullMarglik`` is the same for the full structure, where no basis diagonalises ``c H + P0`` for
+every prior (a layerwise prior is not a multiple of the identity): each gradient takes one
+Cholesky factor ``L`` of ``x = c H + P0`` (float64, as the engine) and ``diag(x^{-1})`` from
+``cholesky_inverse(L)``; the sums over ``1 / x_i`` above become sums over that diagonal, and
+``c sum_i h_i / x_i`` becomes ``c tr(x^{-1} H) = P - sum_i delta_i (x^{-1})_ii``. One factorisation
+per step, against a Cholesky and its autograd backward (several times the cost) through
+``Laplace.log_marginal_likelihood``.
 """
 
 from __future__ import annotations
@@ -40,6 +48,21 @@ def supports(la) -> bool:
     """Whether ``EigenMarglik`` handles ``la`` (fitted kron or diag structure, no linear-mode offset)."""
     return (getattr(la, "_fitted", False) and la.hessian_structure in ("kron", "diag")
             and getattr(la, "linear_offset", None) is None)
+
+
+def supports_full(la) -> bool:
+    """Whether ``FullMarglik`` handles ``la`` (fitted full structure, no linear-mode offset)."""
+    return (getattr(la, "_fitted", False) and la.hessian_structure == "full"
+            and getattr(la, "linear_offset", None) is None)
+
+
+def closed_form(la, **kwargs):
+    """``EigenMarglik(la)`` (kron, diag), ``FullMarglik(la)`` (full) or ``None`` (other structures)."""
+    if supports(la):
+        return EigenMarglik(la, **kwargs)
+    if supports_full(la):
+        return FullMarglik(la, **kwargs)
+    return None
 
 
 def _kron_eigenvalues(blocks) -> list[torch.Tensor]:
@@ -66,23 +89,21 @@ class EigenMarglik:
     """
 
     def __init__(self, la, check: bool = True, rtol: float | None = None):
-        if not supports(la):
-            raise ValueError("EigenMarglik needs a fitted Laplace with hessian_structure 'kron' or 'diag' "
-                             "and no linear-mode offset")
+        if not self._supports(la):
+            raise ValueError(self._refusal)
         self.la = la
         self.prior_structure = la.prior_structure
         self.regression = la.likelihood == "regression"
         self.temperature = la.temperature
         self.dtype, device = la._dtype, la._device
         with torch.no_grad():
-            h = torch.cat(_kron_eigenvalues(la.H)) if la.hessian_structure == "kron" else la.H.reshape(-1)
-            h = h.to(self.dtype)
+            h = self._eigenvalues(la)
             diff2 = (la.mean - la.prior_mean).square().to(self.dtype).expand(la.n_params)  # [P]
             self.loss = la.loss.detach().to(self.dtype)
-        if h.numel() != la.n_params:
-            raise ValueError(f"EigenMarglik: {h.numel()} eigenvalues for {la.n_params} parameters")
+        self.n_params = la.n_params
         self.n_norm = la.n_data * (la.n_outputs or 1)
         self.sigma_noise = la.sigma_noise.detach()
+        self.order = self.index = None
         if self.prior_structure == "diagonal":  # one precision per parameter: no groups
             self.split = None
             self.h, self.diff2 = h, diff2
@@ -99,7 +120,8 @@ class EigenMarglik:
             # the sums are order-free: sort the eigenvalues by group once, so that a call expands the
             # group precisions by views + one copy (a [P] gather is several times slower on CPU)
             order = torch.argsort(index, stable=True)
-            self.h = h[order].contiguous()
+            self.h = h[order].contiguous() if h is not None else None
+            self.order, self.index = order, index
             counts = torch.bincount(index, minlength=self.n_groups)
             self.split = counts.tolist()
             self.group_sizes = counts.to(self.dtype)
@@ -117,11 +139,35 @@ class EigenMarglik:
         if not math.isclose(ref, mine, rel_tol=rtol, abs_tol=rtol):
             raise ValueError(f"EigenMarglik disagrees with Laplace.log_marginal_likelihood: {mine} vs {ref}")
 
+    # ---- structure-specific pieces ---------------------------------------------------------------
+    _supports = staticmethod(supports)
+    _refusal = ("EigenMarglik needs a fitted Laplace with hessian_structure 'kron' or 'diag' "
+                "and no linear-mode offset")
+
+    def _eigenvalues(self, la) -> torch.Tensor:
+        """``[P]`` eigenvalues of ``H`` in parameter order (no grad)."""
+        h = torch.cat(_kron_eigenvalues(la.H)) if la.hessian_structure == "kron" else la.H.reshape(-1)
+        if h.numel() != la.n_params:
+            raise ValueError(f"EigenMarglik: {h.numel()} eigenvalues for {la.n_params} parameters")
+        return h.to(self.dtype)
+
+    def _logdet_post(self, delta: torch.Tensor, c) -> torch.Tensor:
+        """``log det(c H + P0)`` (autograd through ``delta`` and ``c``)."""
+        return torch.log(self._expand(delta) + c * self.h).sum()
+
+    def _inverse_diag(self, delta: torch.Tensor, c) -> torch.Tensor:
+        """``[P]`` diagonal of ``(c H + P0)^{-1}`` in the eigenbasis, group-sorted (no grad)."""
+        return self._expand(delta).add(self.h * c).reciprocal_()
+
+    def _sigma_terms(self, inv: torch.Tensor, delta: torch.Tensor, c) -> torch.Tensor:
+        """``c (2 loss + tr((c H + P0)^{-1} H))`` given ``inv = _inverse_diag(delta, c)``."""
+        return c * (2 * self.loss + (self.h * inv).sum())
+
     # ---- pieces -------------------------------------------------------------------------------
     def _delta(self, prior: torch.Tensor) -> torch.Tensor:
         """``[n_groups]`` (or ``[P]`` for a diagonal prior) precisions."""
         prior = prior.to(self.dtype).reshape(-1)
-        want = self.h.numel() if self.split is None else self.n_groups
+        want = self.n_params if self.split is None else self.n_groups
         if prior.numel() == 1 and want != 1:
             prior = prior.expand(want)
         if prior.numel() != want:
@@ -149,7 +195,7 @@ class EigenMarglik:
         if sigma is not None:
             loglik = loglik - self.n_norm * torch.log(sigma * math.sqrt(2 * math.pi))
         delta = self._delta(prior_precision)
-        logdet_post = torch.log(self._expand(delta) + c * self.h).sum()
+        logdet_post = self._logdet_post(delta, c)
         if self.split is None:
             logdet_prior, scatter = delta.log().sum(), (delta * self.diff2).sum()
         else:
@@ -165,8 +211,7 @@ class EigenMarglik:
         delta = self._delta(lp.exp())
         sigma = log_sigma.detach().to(self.dtype).exp() if log_sigma is not None else None
         c, sigma = self._scale(sigma)
-        ch = self.h * c
-        inv = self._expand(delta).add(ch).reciprocal_()  # 1 / x_i
+        inv = self._inverse_diag(delta, c)  # 1 / x_i (full: diag of x^{-1})
         if self.split is None:
             g = -0.5 * (delta * inv - 1.0 + delta * self.diff2)
         else:
@@ -179,6 +224,38 @@ class EigenMarglik:
             if sigma is None:
                 raise ValueError("log_sigma can only be given for likelihood='regression'")
             # dL/dlog sigma = (dL/dc)(dc/dlog sigma) - N C,  dL/dc = -loss - 1/2 sum h / x,  dc/dlog sigma = -2 c
-            g_sigma = (c * (2 * self.loss + (self.h * inv).sum()) - self.n_norm).reshape(log_sigma.shape)
+            g_sigma = (self._sigma_terms(inv, delta, c) - self.n_norm).reshape(log_sigma.shape)
             g_sigma = g_sigma.to(log_sigma.dtype)
         return g.reshape(log_prior.shape).to(log_prior.dtype), g_sigma
+
+
+class FullMarglik(EigenMarglik):
+    """``EigenMarglik`` for the full structure: same interface and conventions; each call factorises
+    ``c H + P0`` once (``la``'s float64 ``H`` through its structure's ``cholesky``), since no fixed
+    basis diagonalises it for a non-scalar prior. A non-positive-definite precision raises
+    ``torch.linalg.LinAlgError`` as in the engine."""
+
+    _supports = staticmethod(supports_full)
+    _refusal = "FullMarglik needs a fitted Laplace with hessian_structure 'full' and no linear-mode offset"
+
+    def _eigenvalues(self, la):
+        return None
+
+    def _param_delta(self, delta: torch.Tensor) -> torch.Tensor:
+        """``[P]`` per-parameter precisions in parameter order."""
+        if self.split is None:
+            return delta
+        return delta[self.index]
+
+    def _cholesky(self, delta: torch.Tensor, c) -> torch.Tensor:
+        return self.la._structure.cholesky(c, self._param_delta(delta))
+
+    def _logdet_post(self, delta, c):
+        return (2 * self._cholesky(delta, c).diagonal().log().sum()).to(self.dtype)
+
+    def _inverse_diag(self, delta, c):
+        d = torch.cholesky_inverse(self._cholesky(delta, c)).diagonal().to(self.dtype)
+        return d if self.order is None else d[self.order]
+
+    def _sigma_terms(self, inv, delta, c):  # c tr(x^{-1} H) = tr(x^{-1} (x - P0)) = P - sum_i delta_i x^{-1}_ii
+        return 2 * c * self.loss + self.n_params - (self._expand(delta) * inv).sum()

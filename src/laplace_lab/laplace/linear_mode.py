@@ -33,13 +33,23 @@ mode), and
 ``la.linear_offset = theta* - theta_hat``, which the GLM predictive adds as ``J(x) offset`` to the
 network output (``predictive`` calls ``linear_shift``). ``la.fit`` resets all three.
 
+Cost (``solve_subset``): every gradient, line-search value and CG product is a pass over the
+data, so on a large training set (a) runs on a seeded random subset of ``solve_subset`` rows with
+their NLL scaled by ``N / solve_subset`` (an unbiased estimate of the data term; the curvature of
+the fit, which sets the evidence's log-determinant and the CG preconditioner, stays the full
+data's), and the final ``la.loss`` is the linearised NLL at ``theta*`` summed over all ``N`` rows
+(one pass). ``None`` or ``solve_subset >= N``: the whole set. Every Newton step logs its round,
+objective, CG iterations and relative residual, step size and elapsed time (``logging``, INFO).
+
 Hand-written on ``torch.func`` through ``GGNOperator``'s helpers (no library solves the linearised
 MAP matrix-free with this engine's likelihoods).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -51,6 +61,7 @@ from laplace_lab.laplace.matrix_free.ggn_operator import GGNOperator
 
 EVIDENCE_POINTS = ("weights", "linear_mode")
 LIKELIHOODS = ("classification", "regression")
+log = logging.getLogger(__name__)
 
 
 class LinearModeResult(NamedTuple):
@@ -61,13 +72,17 @@ class LinearModeResult(NamedTuple):
 
 
 class LinearisedObjective:
-    """``L(theta)`` of the module docstring, matrix-free, as a function of ``delta = theta - theta_hat``."""
+    """``L(theta)`` of the module docstring, matrix-free, as a function of ``delta = theta - theta_hat``.
+    ``scale``: factor on the data terms (NLL, its gradient and Hessian; ``N / n`` for a subset of
+    ``n`` of ``N`` rows)."""
 
-    def __init__(self, la, data: Iterable, chunk_size: int | None = None, vec_chunk: int | None = None):
+    def __init__(self, la, data: Iterable, chunk_size: int | None = None, vec_chunk: int | None = None,
+                 scale: float = 1.0):
         self.la = la
         self.op = GGNOperator(la.model, la._lik, data, params=la.params, curvature="ggn",
                               chunk_size=chunk_size, vec_chunk=vec_chunk)
         self.theta_hat = torch.cat([p.detach().reshape(-1) for p in la.params])
+        self.scale = scale
 
     def _single(self, v: torch.Tensor) -> dict[str, torch.Tensor]:
         return {k: t[0] for k, t in self.op.unflatten(v.reshape(1, -1)).items()}
@@ -86,7 +101,7 @@ class LinearisedObjective:
             _, _, f = self._lin(X, delta)
             f, yy = self.op.lik.prepare(f, y)
             total = total + self.op.lik.nll(f, yy)
-        return total
+        return total * self.scale if self.scale != 1.0 else total
 
     def nll_grad(self, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
         """``(summed NLL, its gradient [P], Hessian factors)`` of the linearised model; the factors
@@ -103,6 +118,8 @@ class LinearisedObjective:
             with torch.no_grad():
                 _, vjp_fn = vjp(fn, prim)
                 grad += self.op.flatten({k: t[None] for k, t in vjp_fn(g)[0].items()})[0]
+        if self.scale != 1.0:
+            total, grad = total * self.scale, grad * self.scale
         return total, grad, factors
 
     def hessian_matmat(self, delta: torch.Tensor, V: torch.Tensor,
@@ -122,18 +139,35 @@ class LinearisedObjective:
                 JV = vmap(lambda t, fn=fn, prim=prim: jvp(fn, (prim,), (t,))[1], chunk_size=self.op.vec_chunk)(self.op.unflatten(Vt))
                 MJV = torch.einsum("knc,bkn->bnc", F, torch.einsum("knc,bnc->bkn", F, JV))
                 out += self.op.flatten(vmap(vjp_fn, chunk_size=self.op.vec_chunk)(MJV)[0])
-        return out.T
+        return (out * self.scale).T if self.scale != 1.0 else out.T
+
+
+def subset_rows(data: Iterable, n: int | None, seed: int = 0) -> tuple[list, float, int]:
+    """``(batches, N / n, N)``: a seeded random subset of ``n`` rows of the ``(X, y)`` batches of
+    ``data`` (re-batched at the first batch's size), or ``data`` itself with scale 1 if ``n`` is
+    ``None`` or at least the number of rows ``N``."""
+    batches = list(data)
+    total = sum(len(y) for _, y in batches)
+    if n is None or n >= total:
+        return batches, 1.0, total
+    if n < 1:
+        raise ValueError(f"solve_subset must be a positive int or None; got {n!r}")
+    rows = torch.randperm(total, generator=torch.Generator().manual_seed(seed))[:n].sort().values
+    X, y = torch.cat([b[0] for b in batches])[rows], torch.cat([b[1] for b in batches])[rows]
+    size = len(batches[0][1])
+    return [(X[i:i + size], y[i:i + size]) for i in range(0, n, size)], total / n, total
 
 
 def linear_map(la, data: Iterable, delta0: torch.Tensor | None = None, *, max_newton: int = 50,
                tol: float = 1e-10, cg_tol: float = 1e-8, cg_max_iter: int | None = 200,
                chunk_size: int | None = None, vec_chunk: int | None = None,
-               objective: LinearisedObjective | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+               objective: LinearisedObjective | None = None, label: str = "") -> tuple[torch.Tensor, torch.Tensor, bool]:
     """Newton-CG for the linearised MAP at ``la``'s current prior / noise; returns
     ``(delta* = theta* - theta_hat [P], summed NLL of the linear model at theta*, converged)``.
     Stops when the Newton decrement ``-grad^T step`` is below ``tol (1 + |L|)`` (``tol`` at least
     ``10 eps`` of the dtype: float32 sums cannot resolve less), or when the Armijo backtracking
-    finds no decrease within ``2^-20`` of the Newton step (rounding level: the step is not taken)."""
+    finds no decrease within ``2^-20`` of the Newton step (rounding level: the step is not taken).
+    Logs every Newton step (INFO), prefixed by ``label``."""
     obj = objective if objective is not None else LinearisedObjective(la, data, chunk_size, vec_chunk)
     with torch.no_grad():
         c = la._H_factor.detach()
@@ -148,13 +182,15 @@ def linear_map(la, data: Iterable, delta0: torch.Tensor | None = None, *, max_ne
         return c * nll + 0.5 * (p0 * r) @ r
 
     tol = max(tol, 10 * torch.finfo(th.dtype).eps)
+    start = time.perf_counter()
     nll, g, Fs = obj.nll_grad(delta)
     done = False
-    for _ in range(max_newton):
+    for k in range(max_newton):
         L = value(delta, nll)
         grad = c * g + p0 * (th + delta - mu0)
-        step = cg(lambda V, delta=delta, Fs=Fs: c * obj.hessian_matmat(delta, V, Fs) + p0[:, None] * V,
-                  -grad[:, None], precond=precond, tol=cg_tol, max_iter=cg_max_iter).x[:, 0]
+        res = cg(lambda V, delta=delta, Fs=Fs: c * obj.hessian_matmat(delta, V, Fs) + p0[:, None] * V,
+                 -grad[:, None], precond=precond, tol=cg_tol, max_iter=cg_max_iter)
+        step = res.x[:, 0]
         dec = -(grad @ step)
         if not dec > 0:  # CG returned no descent direction (numerically converged)
             done = True
@@ -164,6 +200,9 @@ def linear_map(la, data: Iterable, delta0: torch.Tensor | None = None, *, max_ne
             t *= 0.5
             if t < 2.0**-20:
                 break
+        log.info("linear mode %sNewton step %d: objective %.6g, decrement %.3g, CG %d iterations, relative "
+                 "residual %.2e, step size %g (%.1f s)", label, k + 1, float(L), float(dec), res.n_iter,
+                 float(res.rel_residual.max()), t, time.perf_counter() - start)
         if t < 2.0**-20:  # no decrease: converged to rounding level
             done = True
             break
@@ -238,7 +277,8 @@ def fit_linear_mode(la, train_loader: Iterable, n_outer: int = 20, tol: float = 
                     optimize_prior: bool = True, tune_sigma_noise: bool = False, prior_max_iter: int = 100,
                     max_newton: int = 50, newton_tol: float = 1e-10, cg_tol: float = 1e-8,
                     cg_max_iter: int | None = 200, chunk_size: int | None = None,
-                    vec_chunk: int | None = None, round_newton: int | None = None) -> LinearModeResult:
+                    vec_chunk: int | None = None, round_newton: int | None = None,
+                    solve_subset: int | None = None, seed: int = 0) -> LinearModeResult:
     """Joint linear mode and prior precision (module docstring) for a fitted ``la``.
 
     ``train_loader``: re-iterable ``(X, y)`` batches (the data ``la`` was fitted on); iterated once
@@ -247,6 +287,7 @@ def fit_linear_mode(la, train_loader: Iterable, n_outer: int = 20, tol: float = 
     Newton steps per alternation round (``None``: solve (a) to ``newton_tol`` every round; e.g. 1:
     interleave single Newton steps with the precision updates, which reaches the same joint
     stationary point in far fewer data passes; the final solve (a) always runs to ``newton_tol``).
+    ``solve_subset``: rows (seeded by ``seed``) that (a) is solved on (module docstring, "Cost").
     Sets ``la.mean``, ``la.loss``, ``la.linear_offset``; the prior (and noise) end at the last update."""
     la._check_fitted()
     if la.likelihood not in LIKELIHOODS:
@@ -256,26 +297,35 @@ def fit_linear_mode(la, train_loader: Iterable, n_outer: int = 20, tol: float = 
         raise ValueError("tune_sigma_noise needs likelihood='regression'")
     if not (isinstance(n_outer, int) and n_outer >= 1):
         raise ValueError(f"n_outer must be a positive int; got {n_outer!r}")
+    if solve_subset is not None and not (isinstance(solve_subset, int) and solve_subset >= 1):
+        raise ValueError(f"solve_subset must be a positive int or None; got {solve_subset!r}")
     was_training = la.model.training
     la.model.eval()
     try:
-        obj = LinearisedObjective(la, train_loader, chunk_size, vec_chunk)
+        solve_data, scale, n_rows = subset_rows(train_loader, solve_subset, seed)
+        if scale != 1.0:
+            log.info("linear mode: solving on %d of %d training rows (NLL scaled by %.3g)", solve_subset, n_rows, scale)
+        obj = LinearisedObjective(la, solve_data, chunk_size, vec_chunk, scale=scale)
         delta = la.linear_offset if la.linear_offset is not None else None
         kw = dict(max_newton=max_newton, tol=newton_tol, cg_tol=cg_tol, cg_max_iter=cg_max_iter, objective=obj)
         history, converged, rounds = [], False, 0
         if optimize_prior:
             per_round = kw | ({"max_newton": min(round_newton, max_newton)} if round_newton else {})
             for rounds in range(1, n_outer + 1):  # noqa: B007 - rounds is reported
-                delta, nll, solved = linear_map(la, train_loader, delta, **per_round)
+                delta, nll, solved = linear_map(la, solve_data, delta, **per_round, label=f"round {rounds}/{n_outer}, ")
                 _set(la, obj, delta, nll)
                 old = [la.prior_precision.detach().log().clone(), la.sigma_noise.detach().log().clone()]
                 history.append(_maximise_evidence(la, tune_sigma_noise, prior_max_iter))
                 moved = max(float((la.prior_precision.detach().log() - old[0]).abs().max()),
                             float((la.sigma_noise.detach().log() - old[1]).abs()))
+                log.info("linear mode round %d/%d: log evidence %.6g, log precisions moved %.3g (tol %g)",
+                         rounds, n_outer, history[-1], moved, tol)
                 if (moved < tol and solved) or not math.isfinite(history[-1]):
                     converged = math.isfinite(history[-1])
                     break
-        delta, nll, _ = linear_map(la, train_loader, delta, **kw)
+        delta, nll, _ = linear_map(la, solve_data, delta, **kw, label="final solve, ")
+        if scale != 1.0:  # the evidence's data term over all rows at theta*
+            nll = LinearisedObjective(la, train_loader, chunk_size, vec_chunk).nll(delta)
         _set(la, obj, delta, nll)
     finally:
         la.model.train(was_training)

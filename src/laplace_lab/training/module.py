@@ -17,6 +17,7 @@ regression example); the prior precision then only enters a post-hoc Laplace.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytorch_lightning as pl
@@ -144,8 +145,23 @@ class MAPModule(pl.LightningModule):
                     "or set on_nonfinite_loss=skip to skip such batches")
             self.n_skipped_batches += 1
             return None  # Lightning skips backward and the optimiser step
-        self.log_dict({"train/loss": loss, "train/nll": nll}, on_step=False, on_epoch=True, batch_size=len(x))
+        if self._logs_train_epoch():
+            self.log_dict({"train/loss": loss, "train/nll": nll}, on_step=False, on_epoch=True, batch_size=len(x))
         return loss
+
+    def _logs_train_epoch(self) -> bool:
+        """Epoch means of the training loss are logged every epoch, except when an epoch has fewer
+        batches than ``trainer.log_every_n_steps``: then every ``ceil(log_every_n_steps / batches)``-th
+        epoch and the last (a full-batch run logs every ``log_every_n_steps`` epochs; each
+        ``self.log`` costs about as much as the step of a small full-batch network)."""
+        trainer = self._trainer
+        if trainer is None:
+            return True
+        batches = trainer.num_training_batches
+        if not batches or batches == float("inf") or batches >= trainer.log_every_n_steps:
+            return True
+        epoch = trainer.current_epoch + 1
+        return epoch % math.ceil(trainer.log_every_n_steps / batches) == 0 or epoch == trainer.max_epochs
 
     def _eval_step(self, batch, stage: str):
         x, y = batch

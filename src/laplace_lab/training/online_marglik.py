@@ -11,8 +11,8 @@ Temperature convention: the training loss is ``NLL / T + prior / N`` per datum a
 posterior precision is ``H / (sigma^2 T) + P0``; both use the module's ``temperature``.
 
 Cost of the K hyper steps: for kron and diag fits each step uses ``EigenMarglik``'s closed-form
-gradient (eigenvalues taken once per fit, O(P) per step, no autograd) and a functional Adam
-update, so K = 100 steps take tens of milliseconds on LeNet-5 (they took ~0.3 s, a third of a
+gradient (eigenvalues taken once per fit, O(P) per step, no autograd; full fits: ``FullMarglik``,
+one Cholesky per step) and a functional Adam update, so K = 100 steps take tens of milliseconds on LeNet-5 (they took ~0.3 s, a third of a
 training epoch, through ``Laplace.log_marginal_likelihood`` + autograd + ``Adam.step``).
 
 Robustness: a hyper step whose marglik or gradient is not finite is rejected (values and
@@ -263,7 +263,9 @@ class OnlineMarglik(pl.Callback):
         kron / diag fits: each step takes the closed-form gradient of ``EigenMarglik`` (eigenvalues
         once per fit; one reciprocal and a few sums over the ``[P]`` eigenvalues, no autograd), so
         K = 100 steps take milliseconds; a step is rejected if that gradient is not finite (the
-        value is then finite too: logs of positive finite numbers). Other structures evaluate and
+        value is then finite too: logs of positive finite numbers). Full fits take ``FullMarglik``'s
+        closed-form gradient (one Cholesky per step, no autograd; a step whose Cholesky fails is
+        rejected). Other structures evaluate and
         back-propagate ``la.log_marginal_likelihood`` every step and reject non-finite values or
         gradients, or a step whose evaluation raises ``torch.linalg.LinAlgError`` (an indefinite
         precision). The optimiser state is snapshotted by cloning its (tiny) tensors."""
@@ -278,11 +280,14 @@ class OnlineMarglik(pl.Callback):
             for p in params:
                 p.grad = None
             if fast is not None:
-                g_prior, g_sigma = fast.grad_log(self.log_prior, self.log_sigma)
-                self.log_prior.grad = -g_prior
-                if self.log_sigma is not None:
-                    self.log_sigma.grad = -g_sigma
-                checks = [p.grad for p in params]
+                try:
+                    g_prior, g_sigma = fast.grad_log(self.log_prior, self.log_sigma)
+                    self.log_prior.grad = -g_prior
+                    if self.log_sigma is not None:
+                        self.log_sigma.grad = -g_sigma
+                    checks = [p.grad for p in params]
+                except torch.linalg.LinAlgError:  # full: Cholesky of an indefinite precision: reject
+                    checks = None
             else:
                 try:
                     neg = -self._marglik(la)
@@ -313,12 +318,11 @@ class OnlineMarglik(pl.Callback):
                 return float("nan")
 
     def _eigen_marglik(self, la: Laplace):
-        """``EigenMarglik(la)`` for kron / diag fits, else ``None`` (also, with a warning, if it does
-        not reproduce ``la.log_marginal_likelihood``: an engine convention it does not know)."""
-        if not eigen_marglik.supports(la):
-            return None
+        """``EigenMarglik(la)`` for kron / diag fits, ``FullMarglik(la)`` for full ones, else ``None``
+        (also, with a warning, if it does not reproduce ``la.log_marginal_likelihood``: an engine
+        convention it does not know)."""
         try:
-            return eigen_marglik.EigenMarglik(la)
+            return eigen_marglik.closed_form(la)
         except ValueError as err:
             warnings.warn(f"online marglik: falling back to Laplace.log_marginal_likelihood ({err})", stacklevel=2)
             return None

@@ -26,7 +26,7 @@ from laplace_lab.training.module import MAPModule
 
 log = logging.getLogger(__name__)
 LINEAR_MODE_KEYS = ("n_outer", "tol", "prior_max_iter", "round_newton", "max_newton", "newton_tol", "cg_tol",
-                    "cg_max_iter", "chunk_size", "vec_chunk")
+                    "cg_max_iter", "chunk_size", "vec_chunk", "solve_subset")
 
 
 def laplace_kwargs(curvature_cfg: DictConfig) -> dict:
@@ -70,7 +70,7 @@ def fit_posthoc_laplace(cfg: DictConfig, module: MAPModule, datamodule: LabDataM
     metrics = {}
     if cfg.marglik.get("evidence_point", "weights") == "linear_mode":
         data = list(loader)  # held in memory: the solver passes over the training set many times
-        res = fit_linear_mode(la, data, optimize_prior=tuning == "marglik",
+        res = fit_linear_mode(la, data, optimize_prior=tuning == "marglik", seed=cfg.seed,
                               tune_sigma_noise=tuning == "marglik" and module.likelihood == "regression",
                               **linear_mode_kwargs(cfg.marglik))
         metrics |= {"laplace/linear_mode_rounds": float(res.n_outer), "laplace/linear_mode_converged": float(res.converged),
