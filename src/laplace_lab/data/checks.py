@@ -50,7 +50,7 @@ def load_index(path: Path, n_rows: int) -> np.ndarray:
 
 def check_finite(x: torch.Tensor, what: str, source: str) -> None:
     """Raise if ``x`` (``[N, ...]``) holds nan / inf, naming ``source`` and the first bad row."""
-    if not x.is_floating_point():
+    if not x.is_floating_point() or x.numel() == 0:  # no rows (e.g. data.n_val=0): nothing to check
         return
     bad = ~torch.isfinite(x.reshape(len(x), -1)).all(1)
     if bad.any():
