@@ -46,13 +46,13 @@ import torch
 
 def supports(la) -> bool:
     """Whether ``EigenMarglik`` handles ``la`` (fitted kron or diag structure, no linear-mode offset)."""
-    return (getattr(la, "_fitted", False) and la.hessian_structure in ("kron", "diag")
+    return (la.fitted and la.hessian_structure in ("kron", "diag")
             and getattr(la, "linear_offset", None) is None)
 
 
 def supports_full(la) -> bool:
     """Whether ``FullMarglik`` handles ``la`` (fitted full structure, no linear-mode offset)."""
-    return (getattr(la, "_fitted", False) and la.hessian_structure == "full"
+    return (la.fitted and la.hessian_structure == "full"
             and getattr(la, "linear_offset", None) is None)
 
 
@@ -95,7 +95,7 @@ class EigenMarglik:
         self.prior_structure = la.prior_structure
         self.regression = la.likelihood == "regression"
         self.temperature = la.temperature
-        self.dtype, device = la._dtype, la._device
+        self.dtype, device = la.dtype, la.device
         with torch.no_grad():
             h = self._eigenvalues(la)
             diff2 = (la.mean - la.prior_mean).square().to(self.dtype).expand(la.n_params)  # [P]
@@ -108,7 +108,7 @@ class EigenMarglik:
             self.split = None
             self.h, self.diff2 = h, diff2
         else:  # group of every parameter: 0 (scalar), its tensor (layerwise) or its tensor's group (normgroups)
-            n_layers = len(la._sizes)
+            n_layers = len(la.sizes)
             if self.prior_structure == "scalar":
                 groups = torch.zeros(n_layers, dtype=torch.long)
             elif self.prior_structure == "normgroups":
@@ -116,7 +116,7 @@ class EigenMarglik:
             else:
                 groups = torch.arange(n_layers)
             self.n_groups = int(groups.max()) + 1 if n_layers else 1
-            index = torch.repeat_interleave(groups, torch.as_tensor(la._sizes)).to(device)  # [P]
+            index = torch.repeat_interleave(groups, torch.as_tensor(la.sizes)).to(device)  # [P]
             # the sums are order-free: sort the eigenvalues by group once, so that a call expands the
             # group precisions by views + one copy (a [P] gather is several times slower on CPU)
             order = torch.argsort(index, stable=True)
@@ -248,7 +248,7 @@ class FullMarglik(EigenMarglik):
         return delta[self.index]
 
     def _cholesky(self, delta: torch.Tensor, c) -> torch.Tensor:
-        return self.la._structure.cholesky(c, self._param_delta(delta))
+        return self.la.structure.cholesky(c, self._param_delta(delta))
 
     def _logdet_post(self, delta, c):
         return (2 * self._cholesky(delta, c).diagonal().log().sum()).to(self.dtype)

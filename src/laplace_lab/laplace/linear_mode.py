@@ -79,7 +79,7 @@ class LinearisedObjective:
     def __init__(self, la, data: Iterable, chunk_size: int | None = None, vec_chunk: int | None = None,
                  scale: float = 1.0):
         self.la = la
-        self.op = GGNOperator(la.model, la._lik, data, params=la.params, curvature="ggn",
+        self.op = GGNOperator(la.model, la.lik, data, params=la.params, curvature="ggn",
                               chunk_size=chunk_size, vec_chunk=vec_chunk)
         self.theta_hat = torch.cat([p.detach().reshape(-1) for p in la.params])
         self.scale = scale
@@ -222,10 +222,10 @@ def _preconditioner(la):
         if la.hessian_structure == "full":
             S = la.posterior_covariance.detach()
             return lambda R: S @ R
-        s = la._structure
-        if la.hessian_structure == "kron" and hasattr(s, "_map"):
-            c, prior = la._H_factor.detach(), la._structure_prior.detach()
-            return lambda R: s._map(R.T, c, prior, -1.0).T
+        s = la.structure
+        if la.hessian_structure == "kron" and hasattr(s, "power_map"):
+            c, prior = la.H_factor.detach(), la.structure_prior.detach()
+            return lambda R: s.power_map(R.T, c, prior, -1.0).T
         var = la.posterior_variance.detach()
         return lambda R: var[:, None] * R
 
@@ -289,7 +289,7 @@ def fit_linear_mode(la, train_loader: Iterable, n_outer: int = 20, tol: float = 
     stationary point in far fewer data passes; the final solve (a) always runs to ``newton_tol``).
     ``solve_subset``: rows (seeded by ``seed``) that (a) is solved on (module docstring, "Cost").
     Sets ``la.mean``, ``la.loss``, ``la.linear_offset``; the prior (and noise) end at the last update."""
-    la._check_fitted()
+    la.check_fitted()
     if la.likelihood not in LIKELIHOODS:
         raise ValueError(f"fit_linear_mode supports likelihood in {LIKELIHOODS} (convex linearised loss); "
                          f"got {la.likelihood!r}")
@@ -344,7 +344,7 @@ def linear_shift(la, x: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     names = {id(p): n for n, p in la.model.named_parameters()}
     keys = [names[id(p)] for p in la.params]
     prim = {k: p.detach() for k, p in zip(keys, la.params)}
-    tang = {k: c.reshape(p.shape).to(p) for k, c, p in zip(keys, torch.split(offset, la._sizes), la.params)}
+    tang = {k: c.reshape(p.shape).to(p) for k, c, p in zip(keys, torch.split(offset, la.sizes), la.params)}
 
     def fn(p):
         out = functional_call(la.model, p, (x,), strict=False)
