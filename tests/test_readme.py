@@ -210,3 +210,10 @@ def test_links_stay_inside_the_repository(doc):
         assert path.is_relative_to(ROOT), f"{doc.name}: link {target} points outside the repository"
         assert path.exists(), f"{doc.name}: link {target} does not exist"
     assert not re.search(r"/work/|\.\./shared|/home/\w+|/Users/\w+", text), f"{doc.name} names a machine path"
+
+
+@pytest.mark.parametrize("table", sorted((ROOT / "results").glob("*.md")) + sorted((ROOT / "results").glob("*.csv")),
+                         ids=lambda p: p.name)
+def test_committed_results_name_no_machine_path(table):
+    """Committed tables carry commands and folders relative to the repository, never this machine's paths."""
+    assert not re.search(r"/work/|\.\./shared|/home/\w+|/Users/\w+|/root/|/tmp/", table.read_text()), table.name
