@@ -21,7 +21,9 @@ default every key of the jobs' ``.hydra/overrides.yaml`` except the seed keys (`
 ``data.split``), the keys Hydra keeps out of folder names (``exclude_keys``) and run-only keys
 (``sweeps.status.RUN_ONLY_*``); numbers written differently (``1``, ``1.0``) are one value. A group-by key is
 looked up in the job's overrides, then its config-group choices (``model``, ``curvature``, ...),
-then its resolved config (``curvature.hessian_structure``). Each cell is mean +- standard error
+then its resolved config (``curvature.hessian_structure``); ``devices.<field>`` (e.g.
+``devices.cuda_visible_devices``, ``devices.torch_device``) groups by the device a job recorded in
+its ``status.json``, so ``--group-by devices.accelerator`` reports per device. Each cell is mean +- standard error
 (sample std / sqrt(n)) over the group's finite values, with n. All three files carry the provenance
 (git commit and dirty flag at job start, the command, the seeds, the hardware, the wall time; paths
 relative to the repository); the CSVs as leading ``# `` lines (``pandas.read_csv(path, comment="#")``).
@@ -65,9 +67,17 @@ from laplace_lab.provenance import (
     run_commit,
     run_launches,
 )
-from laplace_lab.sweeps.status import ENTRY, REPO_ROOT, STATUS_FILE, hardware
+from laplace_lab.sweeps.status import (
+    DEVICE_FIELDS,
+    ENTRY,
+    REPO_ROOT,
+    STATUS_FILE,
+    device_texts,
+    hardware,
+)
 
 log = logging.getLogger(__name__)
+DEVICE_PREFIX = "devices."
 DEFAULT_SEED_KEYS = ("seed", "data.split")
 MISSING = "-"
 COMMITTED_RESULTS = REPO_ROOT / "results"  # only --commit-results writes here
@@ -91,7 +101,12 @@ class Run:
     exclude_keys: tuple[str, ...] = ()
 
     def value(self, key: str) -> str:
-        """The run's value of ``key`` as text (overrides, then group choices, then config)."""
+        """The run's value of ``key`` as text (overrides, then group choices, then config);
+        ``devices.<field>`` (``sweeps.status.DEVICE_FIELDS``) is the device the job recorded in
+        ``status.json``, e.g. ``devices.cuda_visible_devices``."""
+        if key.startswith(DEVICE_PREFIX) and key[len(DEVICE_PREFIX):] in DEVICE_FIELDS:
+            recorded = device_texts(self.status)[key[len(DEVICE_PREFIX):]]
+            return MISSING if recorded is None else recorded
         if key in self.overrides:
             return self.overrides[key]
         if key in self.choices:

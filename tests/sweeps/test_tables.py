@@ -504,3 +504,17 @@ def test_cli_refuses_with_a_message_and_commits_results_only_when_asked(sweep, t
     assert (tmp_path / "outputs" / "redux_mnist" / "multirun" / "redux_mnist.jobs.csv").is_file()
     with pytest.raises(SystemExit, match="multirun folder outputs/sinusoid/multirun does not exist"):
         tables.main(["--preset", "sinusoid"])
+
+
+def test_group_by_the_devices_a_job_recorded(sweep, tmp_path):
+    """``devices.<field>`` groups by what status.json recorded (issue 22): two fake GPUs, two rows."""
+    for i, job in enumerate(finished_jobs(sweep)):
+        status = json.loads((job / "status.json").read_text())
+        status["devices"] = {"cuda_visible_devices": str(i % 2), "torch_device": "cuda:0", "accelerator": "cuda",
+                             "device_ids": [0], "cuda_device_names": ["fake"]}
+        (job / "status.json").write_text(json.dumps(status))
+    tables.aggregate([sweep], name="dev", metrics=["test/map/acc"], group_by=["devices.cuda_visible_devices"],
+                     results_dir=tmp_path / "res", allow_mixed=True)
+    rows = read_csv(tmp_path / "res" / "dev.csv")
+    assert sorted(r["devices.cuda_visible_devices"] for r in rows) == ["0", "1"]
+    assert sum(int(r["test/map/acc n"]) for r in rows) == len(finished_jobs(sweep))

@@ -122,11 +122,12 @@ def job_launch_id(hydra_cfg: Any) -> str | None:
     return env_set.get(LAUNCH_ENV) or os.environ.get(LAUNCH_ENV)
 
 
-def read_devices(job_dir: str | Path) -> dict[str, str | None]:
-    """The job's devices as text, one entry per ``DEVICE_FIELDS`` (None where not recorded), for
-    grouping or reporting by device (``tables``): e.g. ``{"cuda_visible_devices": "2",
-    "torch_device": "cuda:0", "accelerator": "cuda", "device_ids": "0", "cuda_device_names": "NVIDIA H100"}``."""
-    devices = (read_status(job_dir) or {}).get("devices") or {}
+def device_texts(status: dict[str, Any]) -> dict[str, str | None]:
+    """A job marker's ``devices`` as text, one entry per ``DEVICE_FIELDS`` (None where not recorded),
+    for grouping or reporting by device (``tables --group-by devices.<field>``): e.g.
+    ``{"cuda_visible_devices": "2", "torch_device": "cuda:0", "accelerator": "cuda", "device_ids": "0",
+    "cuda_device_names": "NVIDIA H100"}``."""
+    devices = status.get("devices") or {}
 
     def text(value: Any) -> str | None:
         if value is None:
@@ -134,6 +135,11 @@ def read_devices(job_dir: str | Path) -> dict[str, str | None]:
         return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
 
     return {key: text(devices.get(key)) for key in DEVICE_FIELDS}
+
+
+def read_devices(job_dir: str | Path) -> dict[str, str | None]:
+    """``device_texts`` of the job folder's marker."""
+    return device_texts(read_status(job_dir) or {})
 
 
 # Ignored files under these folders are part of the package (a data loader, a config) and make
