@@ -93,8 +93,9 @@ def run_peer(split: Path, epochs: int, env: dict) -> tuple[float, float, float]:
     return wall, cpu, json.loads(out.strip().splitlines()[-1])["test_ll"]
 
 
-def medians(rows: list[tuple[float, ...]]) -> list[float]:
-    return [statistics.median(column) for column in zip(*rows)]
+def medians(rows: list[tuple[float | None, ...]]) -> list[float | None]:
+    """Column medians; None for a column with a missing value (the default run has no test LL)."""
+    return [None if None in column else statistics.median(column) for column in zip(*rows)]
 
 
 def main() -> None:
