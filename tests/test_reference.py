@@ -151,3 +151,15 @@ def test_find_references_by_preset_and_markdown(tmp_path):
     assert "## Reference numbers" in lines and "| metric | reference | ours | verdict | source |" in lines
     assert "| test/ece [method_name=la] (a) | 0.02 ± 0 | 0.02 ± 0.001 (n=5) | **reproduces** | Paper, Table 1 |" in lines
     assert any("Totals: 1 reproduces, 0 same ordering, 0 does not reproduce, 0 not run." in line for line in lines)
+
+
+def test_one_file_may_name_a_preset_and_its_cpu_sibling(tmp_path):
+    from laplace_lab.reference import find_references, load_reference
+
+    folder = tmp_path / "paper"
+    folder.mkdir()
+    (folder / "reference.yaml").write_text(
+        "preset: [paper, paper_cpu]\nreferences:\n"
+        "  - {id: a, kind: value, row: {m: x}, metric: acc, value: 1.0, tolerance: 0.1, source: s}\n")
+    assert load_reference(folder / "reference.yaml")["presets"] == ("paper", "paper_cpu")
+    assert [len(find_references(p, tmp_path)) for p in ("paper", "paper_cpu", "other")] == [1, 1, 0]

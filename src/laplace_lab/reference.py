@@ -3,7 +3,8 @@ that compare a results table with them.
 
 File format (see ``experiments/README.md``)::
 
-    preset: redux_mnist                       # conf/experiment/<preset>.yaml it checks
+    preset: redux_mnist                       # conf/experiment/<preset>.yaml it checks (or a list:
+                                              # a preset and its _cpu sibling share one file)
     references:
       - {id: la_ece, kind: value, row: {method_name: la}, metric: test/la/ece, value: 0.0077,
          tolerance: 0.002, source: "...", order_group: ece}      # order_group optional
@@ -128,7 +129,8 @@ def _check_entry(path: Path, index: int, entry: Any, seen: set[str]) -> None:
 
 
 def load_reference(path: str | Path) -> dict[str, Any]:
-    """The validated file as ``{"preset", "references", "path"}``; a ``ReferenceFileError`` otherwise."""
+    """The validated file as ``{"presets", "preset", "references", "path"}`` (``presets``: the tuple
+    of presets it checks, ``preset`` the first); a ``ReferenceFileError`` otherwise."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -141,22 +143,24 @@ def load_reference(path: str | Path) -> dict[str, Any]:
     unknown = sorted(set(data) - set(TOP_KEYS))
     if unknown:
         raise ReferenceFileError(f"{path}: unknown top-level key(s) {unknown}; allowed: {list(TOP_KEYS)}")
-    if not isinstance(data.get("preset"), str) or not data["preset"]:
-        raise ReferenceFileError(f"{path}: field `preset` must name conf/experiment/<preset>.yaml, "
-                             f"got {data.get('preset')!r}")
+    presets = data.get("preset")
+    presets = [presets] if isinstance(presets, str) else presets
+    if not isinstance(presets, list) or not presets or not all(isinstance(p, str) and p for p in presets):
+        raise ReferenceFileError(f"{path}: field `preset` must name conf/experiment/<preset>.yaml (or be a "
+                                 f"list of such names), got {data.get('preset')!r}")
     refs = data.get("references")
     if not isinstance(refs, list) or not refs:
         raise ReferenceFileError(f"{path}: field `references` must be a non-empty list of entries")
     seen: set[str] = set()
     for i, entry in enumerate(refs):
         _check_entry(path, i, entry, seen)
-    return {"preset": data["preset"], "references": refs, "path": path}
+    return {"presets": tuple(presets), "preset": presets[0], "references": refs, "path": path}
 
 
 def find_references(preset: str, experiments_dir: str | Path) -> list[dict[str, Any]]:
-    """Every validated ``<experiments_dir>/*/reference*.yaml`` whose ``preset`` is ``preset``."""
+    """Every validated ``<experiments_dir>/*/reference*.yaml`` whose ``preset`` names ``preset``."""
     files = [load_reference(p) for p in sorted(Path(experiments_dir).glob("*/reference*.yaml"))]
-    return [f for f in files if f["preset"] == preset]
+    return [f for f in files if preset in f["presets"]]
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -490,9 +490,9 @@ def _references(preset: str | None, reference: str | Path | None) -> list[dict[s
     """The validated reference files to judge the table with; None without preset or file."""
     if reference is not None:
         loaded = ref.load_reference(reference)
-        if preset and loaded["preset"] != preset:
-            raise ref.ReferenceFileError(f"{reference}: field `preset` is {loaded['preset']!r}, but the table is "
-                                     f"for preset {preset!r}")
+        if preset and preset not in loaded["presets"]:
+            raise ref.ReferenceFileError(f"{reference}: field `preset` names {list(loaded['presets'])}, but the "
+                                         f"table is for preset {preset!r}")
         return [loaded]
     return ref.find_references(preset, EXPERIMENTS_DIR) if preset else None
 

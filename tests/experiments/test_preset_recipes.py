@@ -58,10 +58,12 @@ def test_sinusoid_trains_the_map_without_prior():
 @pytest.mark.parametrize("path", REFERENCE_FILES, ids=[f"{p.parent.name}/{p.name}" for p in REFERENCE_FILES])
 def test_reference_file_matches_its_preset(path):
     ref = yaml.safe_load(path.read_text())
-    preset = CONF_DIR / "experiment" / f"{ref['preset']}.yaml"
-    assert preset.is_file(), f"{path}: preset {ref['preset']!r} does not exist"
-    aggregate = compose_config([f"experiment={ref['preset']}"]).aggregate
-    metrics, group_by = set(aggregate.metrics), set(aggregate.group_by)
+    presets = [ref["preset"]] if isinstance(ref["preset"], str) else ref["preset"]
+    for name in presets:
+        assert (CONF_DIR / "experiment" / f"{name}.yaml").is_file(), f"{path}: preset {name!r} does not exist"
+    aggregates = [compose_config([f"experiment={name}"]).aggregate for name in presets]
+    metrics = set.intersection(*(set(a.metrics) for a in aggregates))  # every preset of the file has them
+    group_by = set.intersection(*(set(a.group_by) for a in aggregates))
     ids = [r["id"] for r in ref["references"]]
     assert len(ids) == len(set(ids)), f"{path}: duplicate ids"
     for r in ref["references"]:

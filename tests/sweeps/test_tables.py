@@ -477,7 +477,7 @@ def test_reference_section_from_the_preset_files(sweep, tmp_path, repo):
     bad.write_text(yaml.safe_dump({"preset": "toy", "references": [{**refs["references"][0], "tolerance": "x"}]}))
     with pytest.raises(ValueError, match=r"bad.yaml: entry 'acc': field `tolerance`"):
         tables.aggregate([sweep], "toy", preset="toy", reference=bad, results_dir=tmp_path / "r2")
-    with pytest.raises(ValueError, match="field `preset` is 'toy', but the table is for preset 'other'"):
+    with pytest.raises(ValueError, match=r"field `preset` names \['toy'\], but the table is for preset 'other'"):
         tables.aggregate([sweep], "toy", preset="other", reference=repo / "experiments/paper/reference.yaml")
 
 
@@ -485,9 +485,10 @@ def test_committed_reference_files_are_valid():
     from laplace_lab.reference import load_reference
     from laplace_lab.train import CONF_DIR
 
-    for path in sorted((provenance.REPO_ROOT / "experiments").glob("*/reference.yaml")):
+    for path in sorted((provenance.REPO_ROOT / "experiments").glob("*/reference*.yaml")):
         loaded = load_reference(path)
-        assert (CONF_DIR / "experiment" / f"{loaded['preset']}.yaml").is_file(), f"{path}: no such preset"
+        for preset in loaded["presets"]:
+            assert (CONF_DIR / "experiment" / f"{preset}.yaml").is_file(), f"{path}: no such preset {preset}"
 
 
 def test_cli_refuses_with_a_message_and_commits_results_only_when_asked(sweep, tmp_path, repo, monkeypatch, capsys):
