@@ -103,9 +103,17 @@ def shorten(command: str, workdir: Path, env: dict) -> str:
     if not TRAIN.search(command):
         return command
     multirun = bool(re.search(r"(?:^|\s)(-m|--multirun)(?:\s|$)", command))
+    sweep_dir = []
+    if multirun and "hydra.sweep.dir" not in command and "experiment=" not in command:
+        # the folder the command as printed would use (a later `tables` line of the README reads it),
+        # not the one its shortened overrides would name
+        from laplace_lab.sweeps.run_only import sweep_dirname
+
+        printed = [a for a in shlex.split(TRAIN.sub("", command, count=1)) if a not in ("-m", "--multirun")]
+        sweep_dir = [f'hydra.sweep.dir="outputs/default/{sweep_dirname(printed)}"']
     if multirun:  # comma lists of the command itself: the first two values
         command = re.sub(r"(\s[\w./]+=)([^\s,\[\]]+,[^\s,\[\]]+)(?:,[^\s\[\]]+)+", r"\1\2", command)
-    extra = list(SHORT)
+    extra = [*SHORT, *sweep_dir]
     data = _data_choice(command)
     if data in VISION_DATASETS and data != "fake_data":
         if all((_data_dir() / f).exists() for f in VISION_DATASETS[data].files):
