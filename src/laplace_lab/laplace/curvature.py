@@ -20,8 +20,9 @@ import math
 import torch
 
 from laplace_lab.laplace.likelihoods import Likelihood
+from laplace_lab.laplace.options import Curvature
 
-CURVATURES = ("ggn", "ef", "mc_fisher")
+CURVATURES = Curvature.values()
 
 
 def _classification_ggn_sqrt(f: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-LIKELIHOODS = ("classification", "regression", "heteroscedastic_regression")
+from laplace_lab.laplace.options import Likelihood
+
+LIKELIHOODS = Likelihood.values()
 
 
 class Likelihood:

@@ -58,9 +58,10 @@ from laplace_lab.laplace.functional_variance import (
 )
 from laplace_lab.laplace.likelihoods import HeteroscedasticRegression
 from laplace_lab.laplace.linear_mode import linear_shift
+from laplace_lab.laplace.options import LinkApprox, PredType
 
-PRED_TYPES = ("glm", "nn", "map")
-LINKS = ("probit", "mc", "bridge", "bridge_norm")
+PRED_TYPES = PredType.values()
+LINKS = LinkApprox.values()
 REGRESSION_LINKS = ("probit", "mc")  # probit = the closed form for Gaussian likelihoods
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import torch
 
-PRIOR_STRUCTURES = ("scalar", "layerwise", "diagonal", "normgroups")
+from laplace_lab.laplace.options import PriorStructure
+
+PRIOR_STRUCTURES = PriorStructure.values()
 
 
 def infer_structure(prior_precision, n_layers: int, n_params: int) -> str:

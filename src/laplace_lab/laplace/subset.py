@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-SUBSETS = ("all", "last_layer")
+from laplace_lab.laplace.options import SubsetOfWeights
+
+SUBSETS = SubsetOfWeights.values()
 
 
 @dataclass

@@ -13,7 +13,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-PRIOR_STRUCTURES = ("scalar", "layerwise", "diagonal", "normgroups")
+from laplace_lab.laplace.options import PriorStructure
+
+PRIOR_STRUCTURES = PriorStructure.values()
 
 
 def subset_tensor_indices(model: nn.Module, subset_params: list[torch.Tensor]) -> list[int]:

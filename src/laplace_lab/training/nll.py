@@ -15,8 +15,9 @@ import math
 import torch
 
 from laplace_lab.laplace.likelihoods import HeteroscedasticRegression, get_likelihood
+from laplace_lab.laplace.options import Likelihood
 
-LIKELIHOODS = ("classification", "regression", "heteroscedastic_regression")
+LIKELIHOODS = Likelihood.values()
 
 # ``f [B, 2*O]`` = ``[eta1 (O), raw (O)]`` -> mean ``[B, O]``, variance ``[B, O]``.
 natural_to_mean_var = HeteroscedasticRegression.mean_var
