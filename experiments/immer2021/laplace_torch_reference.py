@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import math
 import os
 import time
@@ -31,7 +32,8 @@ from laplace_lab.data.uci import UCI_DATASETS, UCIDataModule
 from laplace_lab.evaluation.metrics import regression_metrics
 
 FIELDS = ["data.name", "data.split", "seed", "test_la_ll", "test_map_ll", "test_rmse", "sigma_noise",
-          "prior_precision_mean", "wall_s"]
+          "prior_precision_mean", "wall_s", "dtype", "error"]
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
 DEFAULT_OUT = Path(__file__).with_name("laplace_torch_reference.csv")
 
 
@@ -48,11 +50,12 @@ def run_one(name: str, split: int, seed: int, data_dir: str, args) -> dict:
     from laplace import marglik_training
     from laplace.curvature import BackPackGGN
 
+    dtype = DTYPES[args.dtype]
     dm = UCIDataModule(name=name, split=split, data_dir=data_dir, val_fraction=0.0, seed=seed, batch_size=1)
-    X, y = dm.train_set.tensors
+    X, y = (t.to(dtype) for t in dm.train_set.tensors)
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(X.shape[1], 50), torch.nn.Tanh(), torch.nn.Linear(50, 1))
-    loader = DataLoader(dm.train_set, batch_size=len(X), shuffle=True)  # full batch
+    model = torch.nn.Sequential(torch.nn.Linear(X.shape[1], 50), torch.nn.Tanh(), torch.nn.Linear(50, 1)).to(dtype)
+    loader = DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=len(X), shuffle=True)  # full batch
     start = time.perf_counter()
     la, model, _, _ = marglik_training(
         model, loader, likelihood="regression", hessian_structure="full", backend=BackPackGGN,
@@ -61,7 +64,7 @@ def run_one(name: str, split: int, seed: int, data_dir: str, args) -> dict:
         prior_prec_init=1.0, sigma_noise_init=1.0,
     )
     wall = time.perf_counter() - start
-    Xt, yt = dm.test_set.tensors
+    Xt, yt = (t.to(dtype) for t in dm.test_set.tensors)
     with torch.no_grad():
         f_mu, f_var = la(Xt, pred_type="glm")
         f_mu, f_var = f_mu.reshape(len(Xt), 1), f_var.reshape(len(Xt), 1)
@@ -70,31 +73,59 @@ def run_one(name: str, split: int, seed: int, data_dir: str, args) -> dict:
         map_metrics = regression_metrics(model(Xt), torch.full_like(f_mu, sigma2), yt, dm.target_mean, dm.target_std)
     return {"data.name": name, "data.split": split, "seed": seed, "test_la_ll": la_metrics["ll"],
             "test_map_ll": map_metrics["ll"], "test_rmse": map_metrics["rmse"], "sigma_noise": float(la.sigma_noise),
-            "prior_precision_mean": float(la.prior_precision.mean()), "wall_s": wall}
+            "prior_precision_mean": float(la.prior_precision.mean()), "wall_s": wall, "dtype": args.dtype,
+            "error": ""}
+
+
+def failed_row(name: str, split: int, seed: int, args, error: Exception) -> dict:
+    """A row for a split on which laplace-torch raised: metrics nan, the error's first line kept."""
+    nan = float("nan")
+    return {"data.name": name, "data.split": split, "seed": seed, "test_la_ll": nan, "test_map_ll": nan,
+            "test_rmse": nan, "sigma_noise": nan, "prior_precision_mean": nan, "wall_s": nan, "dtype": args.dtype,
+            "error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
 
 
 def read_rows(path: Path) -> list[dict]:
+    """Rows of the CSV; a file written before a column was added is rewritten with the new header
+    (``dtype`` of such rows: float32, the only dtype the script had)."""
     if not path.exists():
         return []
     with path.open() as f:
-        return list(csv.DictReader(f))
+        reader = csv.DictReader(f)
+        rows, header = list(reader), reader.fieldnames
+    if header != FIELDS:
+        for r in rows:
+            r.setdefault("dtype", "float32")
+            r.setdefault("error", "")
+        with path.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=FIELDS)
+            writer.writeheader()
+            writer.writerows({k: r.get(k, "") for k in FIELDS} for r in rows)
+    return rows
 
 
 def summary(rows: list[dict]) -> str:
-    """Mean +- s.e. of the Laplace test LL per set, and reference.yaml entries (tolerance: 2 s.e.)."""
-    lines, entries = ["set | n | test LL (laplace-torch) mean +- s.e."], []
-    for name in UCI_DATASETS:
-        vals = [float(r["test_la_ll"]) for r in rows if r["data.name"] == name]
+    """Mean +- s.e. of the Laplace test LL per set and dtype (failed splits counted apart), and
+    reference.yaml entries (tolerance: 2 s.e.; ids of float64 runs end in ``_float64``)."""
+    lines, entries = ["set | dtype | n | failed | test LL (laplace-torch) mean +- s.e."], []
+    for name, dtype in itertools.product(UCI_DATASETS, DTYPES):
+        picked = [r for r in rows if r["data.name"] == name and r.get("dtype", "float32") == dtype]
+        vals = [float(r["test_la_ll"]) for r in picked if not r.get("error")]
+        failed = len(picked) - len(vals)
         if not vals:
+            if failed:
+                lines.append(f"{name} | {dtype} | 0 | {failed} | -")
             continue
         mean = sum(vals) / len(vals)
         se = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1) / len(vals)) if len(vals) > 1 else float("nan")
-        lines.append(f"{name} | {len(vals)} | {mean:.3f} +- {se:.3f}")
+        lines.append(f"{name} | {dtype} | {len(vals)} | {failed} | {mean:.3f} +- {se:.3f}")
+        suffix = "" if dtype == "float32" else f"_{dtype}"
         entries.append(
-            f"  - id: peer_laplace_torch_{name.replace('-', '_')}\n    kind: value\n"
+            f"  - id: peer_laplace_torch_{name.replace('-', '_')}{suffix}\n    kind: value\n"
             f"    row: {{data.name: {name}, method_name: online_full}}\n    metric: test/la/ll\n"
             f"    value: {mean:.4f}\n    tolerance: {2 * se if se == se else 0.1:.4f}   # 2 s.e. over {len(vals)} splits\n"
-            f"    source: \"laplace-torch marglik_training on our splits, experiments/immer2021/laplace_torch_reference.py\"")
+            f"    source: \"laplace-torch marglik_training ({dtype}) on our splits, "
+            f"experiments/immer2021/laplace_torch_reference.py\"")
     return "\n".join(lines) + "\n\nreference.yaml entries:\n" + "\n".join(entries)
 
 
@@ -111,6 +142,8 @@ def main() -> None:
     parser.add_argument("--burnin", type=int, default=100)
     parser.add_argument("--frequency", type=int, default=50)
     parser.add_argument("--hyper-steps", type=int, default=50)
+    parser.add_argument("--dtype", default="float32", choices=list(DTYPES),
+                        help="dtype of the model and data (the recipe: float32)")
     parser.add_argument("--summary", action="store_true", help="print per-set means and reference.yaml entries")
     args = parser.parse_args()
     sets = args.sets.split(",")
@@ -119,14 +152,19 @@ def main() -> None:
         parser.error(f"--sets: {unknown} are not UCI sets; allowed: {list(UCI_DATASETS)}")
     torch.set_num_threads(1)
     rows = read_rows(args.out)
-    done = {(r["data.name"], int(r["data.split"]), int(r["seed"])) for r in rows}
+    done = {(r["data.name"], int(r["data.split"]), int(r["seed"]), r.get("dtype", "float32")) for r in rows}
     for name in sets:
         for split in parse_splits(args.splits):
-            if (name, split, args.seed) in done:
+            if (name, split, args.seed, args.dtype) in done:
                 continue
-            row = run_one(name, split, args.seed, args.data_dir, args)
-            print(f"{name} split {split}: test LL {row['test_la_ll']:.3f} (MAP {row['test_map_ll']:.3f}), "
-                  f"sigma {row['sigma_noise']:.3f}, {row['wall_s']:.0f} s", flush=True)
+            try:
+                row = run_one(name, split, args.seed, args.data_dir, args)
+            except (torch.linalg.LinAlgError, RuntimeError, ValueError) as error:  # recorded, not hidden
+                row = failed_row(name, split, args.seed, args, error)
+                print(f"{name} split {split}: laplace-torch failed: {row['error']}", flush=True)
+            else:
+                print(f"{name} split {split}: test LL {row['test_la_ll']:.3f} (MAP {row['test_map_ll']:.3f}), "
+                      f"sigma {row['sigma_noise']:.3f}, {row['wall_s']:.0f} s", flush=True)
             new_file = not args.out.exists()
             with args.out.open("a", newline="") as f:
                 writer = csv.DictWriter(f, fieldnames=FIELDS)
