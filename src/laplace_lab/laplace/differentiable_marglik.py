@@ -160,6 +160,33 @@ def fit_factors(model: nn.Module, loader, structure: str = "kron", curvature: st
     return total
 
 
+def fit_laplace(la, model: nn.Module, loader, likelihood: str = "classification") -> Factors:
+    """Fit the engine's ``Laplace`` ``la`` (built on the ``AugmentedModel`` ``model``; ``kron`` or
+    ``diag``, all weights, curvature ``ggn`` | ``ef``) with this module's curvature of the averaged
+    model (``kron``: the reduce KFAC; ``diag``: the exact diagonal) instead of its own KFAC, which
+    treats the ``N S`` augmented rows as weight-sharing positions (``kron_expand``). Afterwards
+    ``la.log_marginal_likelihood`` equals ``log_marglik_from_factors`` of the returned graph-free
+    full-data ``Factors`` (tested), so a prior step on ``la`` and an eta step on the factors optimise
+    the same marglik, as the authors' code does (one ``Laplace`` for both)."""
+    structure, curvature = la.hessian_structure, la.curvature
+    if structure not in ("kron", "diag") or la.subset_of_weights != "all":
+        raise ValueError("fit_laplace needs curvature.hessian_structure in ['kron', 'diag'] and "
+                         f"curvature.subset_of_weights='all'; got ({structure!r}, {la.subset_of_weights!r})")
+    layers = _check(model, structure, curvature, likelihood)
+    if [e.module for e in la.entries] != layers or la.model is not model:
+        raise ValueError("fit_laplace: la must be a Laplace of the same AugmentedModel over all its layers")
+    la.fit_begin()  # resets the accumulators, eval mode, stores the mean
+    fac = fit_factors(model, loader, structure, curvature, likelihood)
+    if structure == "kron":
+        la._structure.raw = [dict(part) for part in fac.layers]
+    else:
+        la._structure.h = torch.cat(fac.layers).to(la._structure.h.dtype)
+    la.loss, la.n_data = fac.loss.detach(), fac.n
+    la.n_outputs = layers[-1].weight.shape[0]
+    la.fit_end()  # KFAC eigendecompositions; restores the train/eval mode
+    return fac
+
+
 def _eigvals(M: torch.Tensor) -> torch.Tensor:
     """Eigenvalues computed in float64 (float32 LAPACK can fail on rank-deficient factors)."""
     return torch.linalg.eigvalsh(M.double()).clamp_min(0).to(M.dtype)
