@@ -18,10 +18,13 @@ a layer sees output gradients ``g`` ``[K, N S, ...]`` (each carrying the ``1/S``
   engine's expand rows), then ``A = sum a a^T / rows``, ``G = sum_k sum g g^T``. This keeps the
   structure of the averaged Jacobian ``1/S sum_s J_s``: for ``S`` identical samples (``eta = 0``) it
   equals the engine's KFAC of the plain network (tested), and it shrinks as the samples decorrelate,
-  which is the Occam effect invariance learning rests on. (Our reading of the paper's KFAC for
-  augmented inputs; the normalisation was not checked against the paper's text in this session.)
+  which is the Occam effect invariance learning rests on. Same normalisation as the authors' code
+  (mean over the samples in ``A``, sum in ``G``, ``A`` divided by the data count: see
+  experiments/immer2022_invariance/README.md); for one datum and one linear layer it is the exact
+  GGN / EF block of the averaged model (tested against a dense ``torch.func`` float64 reference).
 - ``kron_expand``: the engine's convention applied to the ``N S`` augmented rows as if they were
-  weight-sharing positions (what ``Laplace`` computes for the same ``AugmentedModel``; tested equal).
+  weight-sharing positions (what ``Laplace.fit`` computes for the same ``AugmentedModel``; tested
+  equal; ``fit_laplace`` fits a ``Laplace`` with ``kron`` / ``diag`` instead).
   At ``eta = 0`` its ``G`` is ``1 / S`` of the plain network's, so it under-counts the curvature
   and barely rewards invariance: kept for comparison, not for learning ``eta``.
 - ``diag``: the exact diagonal of the averaged model's GGN / EF: per-datum gradients summed over

@@ -8,6 +8,9 @@ every marglik epoch of the online schedule, after ``OnlineMarglik`` updated the 
 gradient comes from one training batch (``differentiable_marglik.log_marglik`` with ``full``: the
 value is the full-data marglik), as in the authors' code (one partial fit per epoch,
 ``n_hypersteps = 1``); the rate follows a cosine from ``lr`` to ``lr_min`` over the marglik epochs.
+``OnlineMarglik``'s prior step fits its ``Laplace`` with the same curvature of the averaged model
+(``online_marglik.fit_for_marglik``), so both steps optimise one marglik, and the eta step reuses
+that fit's full-data factors (same weights and eta) instead of a second data pass.
 
 Every epoch the current ranges are logged as ``augmentation/<name>`` (csv/metrics.csv); at the end
 of training ``figures/augmentation_eta.png`` shows them over the epochs.
