@@ -171,8 +171,8 @@ class AugmentationMarglik(pl.Callback):
     def _final_marglik(self, trainer: pl.Trainer, module) -> float:
         """Full-data log marglik of the final network with ``differentiable_marglik``'s curvature (the
         reduce KFAC of the averaged model; a plain network is wrapped with ``S = 1``, ``eta = 0``),
-        comparable across the none / fixed / learned rows, unlike ``OnlineMarglik``'s value, whose
-        engine KFAC under-counts the curvature of averaged outputs (see ``differentiable_marglik``)."""
+        comparable across the none / fixed / learned rows (``OnlineMarglik``'s best value uses the same
+        curvature, ``fit_for_marglik``, at the restored epoch's eta draws)."""
         model = module.model
         if not isinstance(model, AugmentedModel):
             p = next(model.parameters())
