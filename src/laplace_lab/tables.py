@@ -58,8 +58,6 @@ import yaml
 
 from laplace_lab import reference as ref
 from laplace_lab.model_selection import rank_candidates, validate_spec
-from laplace_lab.table_figures import TABLE_FIGURES
-from laplace_lab.table_figures import draw as draw_table_figure
 from laplace_lab.model_selection import to_markdown as selection_markdown
 from laplace_lab.provenance import (
     UNRECORDED,
@@ -79,6 +77,8 @@ from laplace_lab.sweeps.status import (
     device_texts,
     hardware,
 )
+from laplace_lab.table_figures import TABLE_FIGURES
+from laplace_lab.table_figures import draw as draw_table_figure
 
 log = logging.getLogger(__name__)
 DEVICE_PREFIX = "devices."
