@@ -28,7 +28,9 @@ its ``status.json``, so ``--group-by devices.accelerator`` reports per device. E
 (git commit and dirty flag at job start, the command, the seeds, the hardware, the wall time; paths
 relative to the repository); the CSVs as leading ``# `` lines (``pandas.read_csv(path, comment="#")``).
 
-``--figures`` copies ``figures/<fig>.png`` of each group's first seed next to the table.
+``--figures`` copies ``figures/<fig>.png`` of each group's first seed next to the table; the
+names of ``laplace_lab.table_figures.TABLE_FIGURES`` are drawn from the jobs' ``csv/metrics.csv``
+instead (per-epoch means over the seeds, one line per group, one figure).
 Also called by the ``SweepSummary`` callback at the end of a multirun when the config has a root
 ``aggregate: {name, metrics, group_by, seed_keys, results_dir, figures, model_selection}`` (or
 ``hydra.callbacks.sweep_summary.aggregate``), through ``aggregate_sweep``: the jobs of that launch,
@@ -75,6 +77,8 @@ from laplace_lab.sweeps.status import (
     device_texts,
     hardware,
 )
+from laplace_lab.table_figures import TABLE_FIGURES
+from laplace_lab.table_figures import draw as draw_table_figure
 
 log = logging.getLogger(__name__)
 DEVICE_PREFIX = "devices."
@@ -300,8 +304,16 @@ def group_rows(runs: list[Run], group_by: list[str], metrics: list[str],
 
 def copy_figures(runs: list[Run], group_by: list[str], figures: list[str], seed_keys: tuple[str, ...],
                  out_dir: Path) -> list[tuple[str, str, Path]]:
-    """Copy ``figures/<fig>.png`` of each group's first seed to ``out_dir``; (group, fig, path) each."""
+    """Copy ``figures/<fig>.png`` of each group's first seed to ``out_dir``; (group, fig, path) each.
+    Names in ``table_figures.TABLE_FIGURES`` are drawn instead, one figure over all groups."""
     copied = []
+    labelled = {",".join(f"{k}={v}" for k, v in zip(group_by, key)) or "all": [r.path for r in members]
+                for key, members in group_runs(runs, group_by).items()}
+    for fig in [f for f in figures if f in TABLE_FIGURES]:
+        drawn = draw_table_figure(fig, labelled, out_dir / f"{fig}.png")
+        if drawn is not None:
+            copied.append(("all groups", fig, drawn))
+    figures = [f for f in figures if f not in TABLE_FIGURES]
     for key, members in group_runs(runs, group_by).items():
         label = ",".join(f"{k}={v}" for k, v in zip(group_by, key)) or "all"
         first = sorted(members, key=lambda r: [_natural(r.value(s)) for s in seed_keys])
@@ -580,7 +592,7 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     if model_selection is not None:
         sections += selection_markdown(rank_candidates(runs, model_selection), model_selection)
     if copied:
-        sections += ["", "## Figures (first seed of each group)", ""]
+        sections += ["", "## Figures (first seed of each group; all groups: drawn from every seed)", ""]
         sections += [f"![{label}: {fig}]({p.parent.name}/{p.name})" for label, fig, p in copied]
     text = to_markdown(name, rows, keys, names, prov) + ("\n".join(sections) + "\n" if sections else "")
     md.write_text(text)

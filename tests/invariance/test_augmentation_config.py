@@ -91,3 +91,40 @@ def test_learned_run_logs_eta_per_epoch_and_draws_the_figure(tmp_path, data_dir)
     assert math.isfinite(metrics["augmentation/log_marglik"]) and math.isfinite(metrics["marglik/best_log_marglik"])
     # early stopping restores the eta of the best-marglik epoch (snapshot before that epoch's eta step)
     assert metrics["augmentation/rotation"] in [pytest.approx(r) for r in [0.0, *rot]]
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (["augmentation=fixed", "curvature.hessian_structure=full"], "with marglik=online needs"),
+    (["augmentation=fixed", "marglik.fused=true", "curvature.type=ef"], "marglik.fused=false"),
+    (["marglik.fused=true", "curvature.type=ef"], "marglik.fused=false"),
+])
+def test_the_prior_step_of_augmented_runs_needs_the_averaged_curvature(compose_cfg, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        validate_augmentation_config(compose_cfg(LEARNED + overrides))
+
+
+def test_online_marglik_prior_step_fits_the_averaged_model():
+    """``OnlineMarglik``'s fit of an augmented model is the reduce KFAC of the eta step (the same
+    marglik), of a plain network the engine's own fit."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from laplace_lab.laplace import Laplace
+    from laplace_lab.laplace import differentiable_marglik as dm
+    from laplace_lab.models.augmentation import TRANSFORMS, AffineAugmentation
+    from laplace_lab.training.online_marglik import fit_for_marglik
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Flatten(), nn.Linear(64, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+    model = AugmentedModel(net, AffineAugmentation(4, {"rotation": 1.0}, TRANSFORMS)).double()
+    X, y = torch.rand(5, 1, 8, 8, dtype=torch.float64), torch.randint(0, 3, (5,))
+    model.frozen_eps = model.augmentation.sample_eps(5)
+    la = Laplace(model, "classification", subset_of_weights="all", hessian_structure="kron")
+    fac = fit_for_marglik(la, SimpleNamespace(model=model, likelihood="classification"), [(X, y)])
+    prior = torch.tensor([0.8], dtype=torch.float64)
+    torch.testing.assert_close(la.log_marginal_likelihood(prior),
+                               dm.log_marglik_from_factors(model, fac, prior), rtol=1e-10, atol=1e-8)
+    la_net = Laplace(net, "classification", subset_of_weights="all", hessian_structure="kron")
+    assert fit_for_marglik(la_net, SimpleNamespace(model=net, likelihood="classification"), [(X, y)]) is None
+    assert la_net.fitted

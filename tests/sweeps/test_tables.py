@@ -519,3 +519,32 @@ def test_group_by_the_devices_a_job_recorded(sweep, tmp_path):
     rows = read_csv(tmp_path / "res" / "dev.csv")
     assert sorted(r["devices.cuda_visible_devices"] for r in rows) == ["0", "1"]
     assert sum(int(r["test/map/acc n"]) for r in rows) == len(finished_jobs(sweep))
+
+
+def test_table_figures_draw_the_seed_mean_per_epoch_from_the_jobs_csv(sweep, tmp_path):
+    """``augmentation_eta_rotation``: one figure from every seed's csv/metrics.csv (mean and range)."""
+    from laplace_lab import table_figures
+
+    rot = {("mlp", "kron"): {0: [0.1, 0.3, 0.5], 1: [0.3, 0.5, 0.9], 2: [0.2, 0.4]}, ("lenet", "diag"): {0: [0.1, 0.1]}}
+    for (model, curvature), seeds in rot.items():
+        for seed, values in seeds.items():
+            job = sweep / f"curvature={curvature},logger=csv,model={model},seed={seed}"
+            (job / "csv").mkdir()
+            rows = [{"epoch": e, "augmentation/rotation": v, "step": e} for e, v in enumerate(values)]
+            rows.append({"epoch": "", "augmentation/rotation": 99.0, "step": 9})  # final metrics: no epoch
+            with open(job / "csv" / "metrics.csv", "w", newline="") as f:
+                w = csv.DictWriter(f, ["augmentation/rotation", "epoch", "step"])
+                w.writeheader()
+                w.writerows(rows)
+    job0 = sweep / "curvature=kron,logger=csv,model=mlp,seed=0"
+    assert table_figures.epoch_series(job0, "augmentation/rotation") == {1: 0.1, 2: 0.3, 3: 0.5}
+    series = [table_figures.epoch_series(sweep / f"curvature=kron,logger=csv,model=mlp,seed={s}",
+                                         "augmentation/rotation") for s in range(3)]
+    epochs, mean, lo, hi = table_figures.seed_band(series)
+    assert epochs == [1, 2, 3] and mean == pytest.approx([0.2, 0.4, 0.7]) and lo == [0.1, 0.3, 0.5] and hi == [0.3, 0.5, 0.9]
+    md, *_ = tables.aggregate([sweep], "eta", metrics=["test/map/acc"], results_dir=tmp_path / "r",
+                             figures=["augmentation_eta_rotation", "augmentation_eta_translate_x"])
+    png = tmp_path / "r" / "eta_figures" / "augmentation_eta_rotation.png"
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 5000
+    assert not (tmp_path / "r" / "eta_figures" / "augmentation_eta_translate_x.png").exists()  # no job logs it
+    assert "![all groups: augmentation_eta_rotation](eta_figures/augmentation_eta_rotation.png)" in md.read_text()

@@ -18,10 +18,13 @@ a layer sees output gradients ``g`` ``[K, N S, ...]`` (each carrying the ``1/S``
   engine's expand rows), then ``A = sum a a^T / rows``, ``G = sum_k sum g g^T``. This keeps the
   structure of the averaged Jacobian ``1/S sum_s J_s``: for ``S`` identical samples (``eta = 0``) it
   equals the engine's KFAC of the plain network (tested), and it shrinks as the samples decorrelate,
-  which is the Occam effect invariance learning rests on. (Our reading of the paper's KFAC for
-  augmented inputs; the normalisation was not checked against the paper's text in this session.)
+  which is the Occam effect invariance learning rests on. Same normalisation as the authors' code
+  (mean over the samples in ``A``, sum in ``G``, ``A`` divided by the data count: see
+  experiments/immer2022_invariance/README.md); for one datum and one linear layer it is the exact
+  GGN / EF block of the averaged model (tested against a dense ``torch.func`` float64 reference).
 - ``kron_expand``: the engine's convention applied to the ``N S`` augmented rows as if they were
-  weight-sharing positions (what ``Laplace`` computes for the same ``AugmentedModel``; tested equal).
+  weight-sharing positions (what ``Laplace.fit`` computes for the same ``AugmentedModel``; tested
+  equal; ``fit_laplace`` fits a ``Laplace`` with ``kron`` / ``diag`` instead).
   At ``eta = 0`` its ``G`` is ``1 / S`` of the plain network's, so it under-counts the curvature
   and barely rewards invariance: kept for comparison, not for learning ``eta``.
 - ``diag``: the exact diagonal of the averaged model's GGN / EF: per-datum gradients summed over
@@ -158,6 +161,33 @@ def fit_factors(model: nn.Module, loader, structure: str = "kron", curvature: st
     if total is None:
         raise ValueError("fit_factors: the loader is empty")
     return total
+
+
+def fit_laplace(la, model: nn.Module, loader, likelihood: str = "classification") -> Factors:
+    """Fit the engine's ``Laplace`` ``la`` (built on the ``AugmentedModel`` ``model``; ``kron`` or
+    ``diag``, all weights, curvature ``ggn`` | ``ef``) with this module's curvature of the averaged
+    model (``kron``: the reduce KFAC; ``diag``: the exact diagonal) instead of its own KFAC, which
+    treats the ``N S`` augmented rows as weight-sharing positions (``kron_expand``). Afterwards
+    ``la.log_marginal_likelihood`` equals ``log_marglik_from_factors`` of the returned graph-free
+    full-data ``Factors`` (tested), so a prior step on ``la`` and an eta step on the factors optimise
+    the same marglik, as the authors' code does (one ``Laplace`` for both)."""
+    structure, curvature = la.hessian_structure, la.curvature
+    if structure not in ("kron", "diag") or la.subset_of_weights != "all":
+        raise ValueError("fit_laplace needs curvature.hessian_structure in ['kron', 'diag'] and "
+                         f"curvature.subset_of_weights='all'; got ({structure!r}, {la.subset_of_weights!r})")
+    layers = _check(model, structure, curvature, likelihood)
+    if [e.module for e in la.entries] != layers or la.model is not model:
+        raise ValueError("fit_laplace: la must be a Laplace of the same AugmentedModel over all its layers")
+    la.fit_begin()  # resets the accumulators, eval mode, stores the mean
+    fac = fit_factors(model, loader, structure, curvature, likelihood)
+    if structure == "kron":
+        la._structure.raw = [dict(part) for part in fac.layers]
+    else:
+        la._structure.h = torch.cat(fac.layers).to(la._structure.h.dtype)
+    la.loss, la.n_data = fac.loss.detach(), fac.n
+    la.n_outputs = layers[-1].weight.shape[0]
+    la.fit_end()  # KFAC eigendecompositions; restores the train/eval mode
+    return fac
 
 
 def _eigvals(M: torch.Tensor) -> torch.Tensor:

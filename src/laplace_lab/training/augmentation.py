@@ -8,6 +8,9 @@ every marglik epoch of the online schedule, after ``OnlineMarglik`` updated the 
 gradient comes from one training batch (``differentiable_marglik.log_marglik`` with ``full``: the
 value is the full-data marglik), as in the authors' code (one partial fit per epoch,
 ``n_hypersteps = 1``); the rate follows a cosine from ``lr`` to ``lr_min`` over the marglik epochs.
+``OnlineMarglik``'s prior step fits its ``Laplace`` with the same curvature of the averaged model
+(``online_marglik.fit_for_marglik``), so both steps optimise one marglik, and the eta step reuses
+that fit's full-data factors (same weights and eta) instead of a second data pass.
 
 Every epoch the current ranges are logged as ``augmentation/<name>`` (csv/metrics.csv); at the end
 of training ``figures/augmentation_eta.png`` shows them over the epochs.
@@ -47,6 +50,16 @@ def validate_augmentation_config(cfg: DictConfig) -> None:
     if cfg.predictive.pred_type == "glm":
         raise ValueError(f"augmentation.mode={mode!r} supports predictive.pred_type in ['map', 'nn'] (the GLM "
                          "predictive of an output-averaged network is not implemented); got predictive.pred_type='glm'")
+    if cfg.marglik.mode == "online":  # the prior step fits the averaged model's curvature (fit_for_marglik)
+        c = cfg.curvature
+        if c.subset_of_weights != "all" or c.hessian_structure not in ("kron", "diag") or c.type not in dm.CURVATURES:
+            raise ValueError(
+                f"augmentation.mode={mode!r} with marglik=online needs curvature.subset_of_weights=all, "
+                f"curvature.hessian_structure in ['kron', 'diag'] and curvature.type in {list(dm.CURVATURES)}; got "
+                f"({c.subset_of_weights}, {c.hessian_structure}, {c.type})")
+        if cfg.marglik.get("fused"):
+            raise ValueError(f"augmentation.mode={mode!r} needs marglik.fused=false (the fused curvature is the "
+                             "engine's KFAC of the augmented rows, not the averaged model's); got marglik.fused=true")
     if mode == "learned":
         if not aug.get("learnable"):
             raise ValueError("augmentation.mode=learned needs a non-empty augmentation.learnable; "
@@ -54,12 +67,6 @@ def validate_augmentation_config(cfg: DictConfig) -> None:
         if cfg.marglik.mode != "online":
             raise ValueError(f"augmentation.mode=learned needs marglik=online (the ranges are learned by the "
                              f"online marglik); got marglik.mode={cfg.marglik.mode!r}")
-        c = cfg.curvature
-        if c.subset_of_weights != "all" or c.hessian_structure not in dm.STRUCTURES or c.type not in dm.CURVATURES:
-            raise ValueError(
-                "augmentation.mode=learned needs curvature.subset_of_weights=all, curvature.hessian_structure in "
-                f"{list(dm.STRUCTURES)} and curvature.type in {list(dm.CURVATURES)}; got "
-                f"({c.subset_of_weights}, {c.hessian_structure}, {c.type})")
         if cfg.prior.structure not in ("scalar", "layerwise"):
             raise ValueError(f"augmentation.mode=learned needs prior.structure in ['scalar', 'layerwise']; "
                              f"got {cfg.prior.structure!r}")
@@ -117,8 +124,10 @@ class AugmentationMarglik(pl.Callback):
         lik = module.likelihood
         was_training = model.training
         model.eval()
-        full = dm.fit_factors(model, dmod.train_eval_dataloader(batch_size=self.fit_batch_size), self.structure,
-                              self.curvature, lik)
+        full = _online_factors(trainer, self.structure, self.curvature)  # the prior step's fit, same weights
+        if full is None:
+            full = dm.fit_factors(model, dmod.train_eval_dataloader(batch_size=self.fit_batch_size), self.structure,
+                                  self.curvature, lik)
         X, y = next(iter(dmod.train_dataloader()))  # a shuffled training batch: the partial fit
         X, y = X.to(aug.eta.device), y.to(aug.eta.device)
         prior = module.prior_precision.detach().to(aug.eta.dtype)
@@ -162,8 +171,8 @@ class AugmentationMarglik(pl.Callback):
     def _final_marglik(self, trainer: pl.Trainer, module) -> float:
         """Full-data log marglik of the final network with ``differentiable_marglik``'s curvature (the
         reduce KFAC of the averaged model; a plain network is wrapped with ``S = 1``, ``eta = 0``),
-        comparable across the none / fixed / learned rows, unlike ``OnlineMarglik``'s value, whose
-        engine KFAC under-counts the curvature of averaged outputs (see ``differentiable_marglik``)."""
+        comparable across the none / fixed / learned rows (``OnlineMarglik``'s best value uses the same
+        curvature, ``fit_for_marglik``, at the restored epoch's eta draws)."""
         model = module.model
         if not isinstance(model, AugmentedModel):
             p = next(model.parameters())
@@ -193,6 +202,17 @@ class AugmentationMarglik(pl.Callback):
             self.eta = state["eta"].clone().requires_grad_(True)
             self.optimizer = torch.optim.Adam([self.eta], lr=self.lr)
             self.optimizer.load_state_dict(state["optimizer"])
+
+
+def _online_factors(trainer: pl.Trainer, structure: str, curvature: str) -> dm.Factors | None:
+    """This epoch's full-data factors of ``OnlineMarglik``'s prior step (``fit_for_marglik``), if it
+    fitted the same structure and curvature at the current weights and eta, else ``None``."""
+    for cb in trainer.callbacks:
+        la_kwargs = getattr(cb, "laplace_kwargs", None)
+        if (getattr(cb, "last_factors", None) is not None and cb.last_factors_epoch == trainer.current_epoch
+                and la_kwargs.get("hessian_structure") == structure and la_kwargs.get("curvature") == curvature):
+            return cb.last_factors
+    return None
 
 
 def p_dtype(model: torch.nn.Module) -> torch.dtype:

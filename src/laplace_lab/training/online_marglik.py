@@ -124,6 +124,21 @@ def marglik_epochs(max_epochs: int, burnin: int, frequency: int) -> list[int]:
     return [e for e in range(1, max_epochs + 1) if e >= max(burnin, 1) and (e - burnin) % frequency == 0]
 
 
+def fit_for_marglik(la: Laplace, module: MAPModule, loader):
+    """Fit ``la`` on ``loader``; returns ``None``, or for an ``AugmentedModel`` (``augmentation/``) the
+    full-data ``Factors`` of ``differentiable_marglik.fit_laplace``, which fits ``la`` with the
+    averaged model's curvature (the reduce KFAC of the eta step) instead of the engine's KFAC of the
+    ``N S`` augmented rows (``1 / S`` of it at ``eta = 0``)."""
+    from laplace_lab.models.augmentation import AugmentedModel
+
+    if not isinstance(module.model, AugmentedModel):
+        la.fit(loader)
+        return None
+    from laplace_lab.laplace import differentiable_marglik
+
+    return differentiable_marglik.fit_laplace(la, module.model, loader, module.likelihood)
+
+
 class OnlineMarglik(pl.Callback):
     """Lightning callback for Algorithm 1. See the module docstring for conventions.
 
@@ -168,6 +183,7 @@ class OnlineMarglik(pl.Callback):
         self.best_marglik = -math.inf
         self.best_state: dict | None = None
         self.history: list[dict] = []
+        self.last_factors, self.last_factors_epoch = None, None  # augmented models: the last fit's factors
 
     # --- setup ------------------------------------------------------------------------------
     def _make_laplace(self, module: MAPModule) -> Laplace:
@@ -239,7 +255,9 @@ class OnlineMarglik(pl.Callback):
             la, self._fused, module.fused_curvature = self._fused.la, None, None
         else:
             la = self._make_laplace(module)
-            la.fit(trainer.datamodule.train_eval_dataloader(batch_size=self.fit_batch_size))
+            self.last_factors = fit_for_marglik(
+                la, module, trainer.datamodule.train_eval_dataloader(batch_size=self.fit_batch_size))
+            self.last_factors_epoch = trainer.current_epoch
         if self.log_prior is None:
             self._init_hyperparameters(module, la)
         fit_time = time.perf_counter() - start

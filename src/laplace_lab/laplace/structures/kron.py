@@ -172,8 +172,11 @@ class KronStructure(Structure):
     def _eigh(M):
         try:
             lam, Q = torch.linalg.eigh(M)
+            ok = bool(torch.isfinite(lam).all())
         except torch.linalg.LinAlgError:  # float32 LAPACK can fail to converge on rank-deficient
             # factors (seen for A of an augmented MLP on 128 MNIST images); the same decomposition in float64
+            ok = False
+        if not ok:  # raised, or returned NaN (A of a plain MLP 784-200-10 on 200 MNIST images, float32)
             lam, Q = (t.to(M.dtype) for t in torch.linalg.eigh(M.double()))
         return lam.clamp_min(0), Q
 
