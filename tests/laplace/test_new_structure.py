@@ -90,6 +90,10 @@ def test_new_structure_end_to_end(registered):
     H = dense_curvature(model, la, X, y)
     s = H.diagonal().mean()
     torch.testing.assert_close(la.H, s)
+    other = Laplace(model, "classification", subset_of_weights="all", hessian_structure=NAME, backend="capture")
+    other.fit(loader(X, y, 4))  # every curvature backend feeds it (auto is the chain for this MLP)
+    assert la.chain is not None and other.chain is None
+    torch.testing.assert_close(other.H, s)
     # marglik against the dense formula with P = s I + diag(prior)
     prec = s + la.prior_precision_diag
     nll = torch.nn.functional.cross_entropy(model(X), y, reduction="sum").detach()

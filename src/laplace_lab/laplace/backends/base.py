@@ -15,16 +15,13 @@ from __future__ import annotations
 
 import torch
 
+from laplace_lab.laplace.registry import registrar
+
 BACKENDS: dict[str, type[Backend]] = {}
 AUTO_ORDER = ("chain", "capture")  # "auto" tries these in order (today's choice: the chain when it can)
 
 
-def register(cls: type[Backend]) -> type[Backend]:
-    """Class decorator: make ``cls`` available as ``Laplace(backend=cls.name)``."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__}.name must be a non-empty string to register it")
-    BACKENDS[cls.name] = cls
-    return cls
+register = registrar(BACKENDS, "backend")
 
 
 class Backend:

@@ -21,17 +21,13 @@ from __future__ import annotations
 import torch
 
 from laplace_lab.laplace.capture import Record
+from laplace_lab.laplace.registry import registrar
 from laplace_lab.laplace.subset import Entry
 
 STRUCTURES: dict[str, type[Structure]] = {}
 
 
-def register(cls: type[Structure]) -> type[Structure]:
-    """Class decorator: make ``cls`` available as ``hessian_structure=cls.name``."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__}.name must be a non-empty string to register it")
-    STRUCTURES[cls.name] = cls
-    return cls
+register = registrar(STRUCTURES, "hessian_structure")
 
 
 class Structure:
