@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from laplace_lab.config_values import validate_values
 from laplace_lab.laplace.options import Likelihood, LinkApprox, PredType
-from laplace_lab.laplace.spec import LaplaceSpec, structure_class
+from laplace_lab.laplace.spec import LaplaceSpec, hessian_structures, structure_class
 
 LIKELIHOOD_CHOICES = ("auto", *Likelihood.values())
 MARGLIK_MODES = ("off", "online", "posthoc")
@@ -70,13 +70,16 @@ def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> str:
 
 def validate_laplace_config(cfg: DictConfig) -> None:
     """The curvature x prior x marglik x predictive combination."""
+    structure = OmegaConf.select(cfg, "curvature.hessian_structure")
+    declared = structure_class(structure).options if structure in hessian_structures() else ()
     spec = LaplaceSpec(  # the engine's names and compatibility rules (laplace.spec)
         subset_of_weights=OmegaConf.select(cfg, "curvature.subset_of_weights"),
         hessian_structure=OmegaConf.select(cfg, "curvature.hessian_structure"),
         curvature=OmegaConf.select(cfg, "curvature.type"), prior_structure=OmegaConf.select(cfg, "prior.structure"),
-        options={"n_eigs": cfg.curvature.get("n_eigs", 100)},
+        options={k: cfg.curvature[k] for k in declared if cfg.curvature.get(k) is not None},
         keys={"subset_of_weights": "curvature.subset_of_weights", "hessian_structure": "curvature.hessian_structure",
-              "curvature": "curvature.type", "prior_structure": "prior.structure", "n_eigs": "curvature.n_eigs"}).validate()
+              "curvature": "curvature.type", "prior_structure": "prior.structure"}
+        | {k: f"curvature.{k}" for k in declared}).validate()
     structure, curvature_type = spec.hessian_structure, spec.curvature
     mode = _choice(cfg, "marglik.mode", MARGLIK_MODES)
     pred_type = _choice(cfg, "predictive.pred_type", PRED_TYPES)
@@ -96,7 +99,8 @@ def validate_laplace_config(cfg: DictConfig) -> None:
             not fused or (curvature_type in ("ef", "mc_fisher") and structure_class(structure).supports_fused
                           and cfg.curvature.subset_of_weights == "all"),
             "marglik.fused=true needs curvature.type in ['ef', 'mc_fisher'], curvature.hessian_structure in "
-            f"['kron', 'diag'] and curvature.subset_of_weights='all'; got type={curvature_type!r}, "
+            f"{[n for n in hessian_structures() if structure_class(n).supports_fused]} and "
+            f"curvature.subset_of_weights='all'; got type={curvature_type!r}, "
             f"structure={structure!r}, subset={cfg.curvature.subset_of_weights!r}",
         )
     validate_evidence_point(cfg, mode, posthoc, curvature_type, pred_type)

@@ -82,4 +82,4 @@ def test_unsupported_fits_and_a_disagreeing_engine_are_refused():
     em = EigenMarglik(_fit("mlp", "classification", "kron", "scalar"), check=False)
     em.h = em.h * 3  # as if an engine convention changed: the self-check refuses
     with pytest.raises(ValueError, match="disagrees"):
-        em._check(1e-10)
+        em.verify(1e-10)

@@ -182,11 +182,11 @@ def test_lowrank_full_rank_equals_full(lowrank_pair, which):
     # sampling square root: sample() is linear in the standard normals, so feed the identity
     st = low.structure
     eye = torch.eye(low.n_params, dtype=torch.float64)
-    orig, st._randn = st._randn, lambda *shape, generator=None: eye
+    orig, st.randn = st.randn, lambda *shape, generator=None: eye
     try:
         R = st.sample(low.n_params, c, pp)  # rows = columns of the square root
     finally:
-        st._randn = orig
+        st.randn = orig
     torch.testing.assert_close(R.T @ R, S, rtol=1e-8, atol=1e-10)
     # functional variance: from Jacobians, through la(x) (glm predictive), and matrix-free by jvp
     Xt = X[:6]

@@ -12,6 +12,8 @@ from laplace_refs import data, dense_curvature, dense_jacobian, loader, mlp
 
 from laplace_lab.config_validation import validate_config
 from laplace_lab.laplace import Laplace
+from laplace_lab.laplace.eigen_marglik import EigenMarglik
+from laplace_lab.laplace.hyper import MarglikOptimizer
 from laplace_lab.laplace.modules import diag_sq
 from laplace_lab.laplace.predictive import probit
 from laplace_lab.laplace.priors import to_diag
@@ -49,7 +51,7 @@ class IsotropicStructure(Structure):
         return self.precision(c, prior).log().sum()
 
     def sample(self, n, c, prior, generator=None):
-        return self._randn(n, self.n_params, generator=generator) * self.precision(c, prior).rsqrt()
+        return self.randn(n, self.n_params, generator=generator) * self.precision(c, prior).rsqrt()
 
     def functional_variance(self, Js, c, prior):
         return torch.einsum("ncp,p,nkp->nck", Js, 1.0 / self.precision(c, prior), Js)
@@ -88,6 +90,10 @@ def test_new_structure_end_to_end(registered):
     H = dense_curvature(model, la, X, y)
     s = H.diagonal().mean()
     torch.testing.assert_close(la.H, s)
+    other = Laplace(model, "classification", subset_of_weights="all", hessian_structure=NAME, backend="capture")
+    other.fit(loader(X, y, 4))  # every curvature backend feeds it (auto is the chain for this MLP)
+    assert la.chain is not None and other.chain is None
+    torch.testing.assert_close(other.H, s)
     # marglik against the dense formula with P = s I + diag(prior)
     prec = s + la.prior_precision_diag
     nll = torch.nn.functional.cross_entropy(model(X), y, reduction="sum").detach()
@@ -106,6 +112,17 @@ def test_new_structure_end_to_end(registered):
     log_prior = torch.zeros(6, dtype=torch.float64, requires_grad=True)
     (-la.log_marginal_likelihood(log_prior.exp())).backward()
     assert torch.isfinite(log_prior.grad).all() and log_prior.grad.abs().sum() > 0
+    # the fast marglik comes from its curvature_eigenvalues(), chosen automatically by the marglik optimiser
+    la.prior_precision = torch.linspace(0.5, 2.0, 6, dtype=torch.float64)
+    fast = MarglikOptimizer.closed_form(la)
+    assert isinstance(fast, EigenMarglik)
+    torch.testing.assert_close(fast(la.prior_precision), la.log_marginal_likelihood())
+    la.optimize_prior_precision(method="marglik", n_steps=5)
+    assert la.log_marginal_likelihood() > ref
+    # linear-mode CG preconditioner: the protocol's default (marginal variances)
+    R = torch.randn(la.n_params, 2, dtype=torch.float64)
+    torch.testing.assert_close(la.structure.preconditioner(la.H_factor, la.structure_prior)(R),
+                               R / (s + to_diag(la.structure_prior, la.sizes))[:, None])
 
 
 def test_new_structure_in_config_validation(registered):

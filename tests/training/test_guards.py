@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-import laplace_lab.training.online_marglik as online_marglik
+import laplace_lab.laplace.hyper as hyper
 from laplace_lab.sweeps.status import read_status
 from laplace_lab.train import NonFiniteMetricsError, run
 from tests.conftest import compose_config
@@ -51,7 +51,7 @@ def test_nonfinite_final_metrics_mark_the_job_failed(tmp_path):
 
 
 def test_rejected_hyper_steps_are_counted_and_warned(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(online_marglik, "_all_finite", lambda tensors: False)  # every hyper step rejected
+    monkeypatch.setattr(hyper, "all_finite", lambda tensors: False)  # every hyper step rejected
     cfg = compose_config(["data=toy2d", "data.n_train=64", "data.n_val=32", "data.n_test=32", "marglik=online",
                           "marglik.n_steps=4", "trainer.max_epochs=2", "curvature=kron", "logger=csv",
                           "evaluation=none", "predictive=map", "trainer.enable_progress_bar=false"])

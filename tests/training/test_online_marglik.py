@@ -70,14 +70,14 @@ def test_nonfinite_steps_are_rejected_and_training_goes_on():
     assert torch.all(module.prior_precision <= math.exp(2.0) + 1e-4)
     assert torch.all(module.prior_precision >= math.exp(-2.0) - 1e-6)
     # A marglik that is NaN: every step rejected, values untouched, training finishes.
-    la_marglik = callback._marglik
-    callback._marglik = lambda la: la_marglik(la) * float("nan")
-    callback._eigen_marglik = lambda la: None  # the autograd path (full fits take FullMarglik's gradient)
+    la_marglik = callback.hyper.marglik
+    callback.hyper.marglik = lambda la: la_marglik(la) * float("nan")
+    callback.hyper.closed_form = lambda la: None  # the autograd path (full fits take FullMarglik's gradient)
     before = callback.log_prior.detach().clone()
     la = Laplace(module.model, "regression", subset_of_weights="all", hessian_structure="full", prior_structure="scalar")
     la.fit(dm.train_eval_dataloader())
     n_rejected = callback.n_rejected
-    callback._hyper_steps(type("T", (), {"max_epochs": 3})(), la)
+    callback.hyper_steps(type("T", (), {"max_epochs": 3})(), la)
     assert callback.n_rejected == n_rejected + callback.n_steps
     assert torch.equal(callback.log_prior.detach(), before)
 
@@ -85,9 +85,9 @@ def test_nonfinite_steps_are_rejected_and_training_goes_on():
     def failing(la):
         raise torch.linalg.LinAlgError("linalg.cholesky: not positive-definite")
 
-    callback._marglik = failing
+    callback.hyper.marglik = failing
     n_rejected = callback.n_rejected
-    assert math.isnan(callback._hyper_steps(type("T", (), {"max_epochs": 3})(), la))
+    assert math.isnan(callback.hyper_steps(type("T", (), {"max_epochs": 3})(), la))
     assert callback.n_rejected == n_rejected + callback.n_steps
     assert torch.equal(callback.log_prior.detach(), before)
 
@@ -102,9 +102,9 @@ def test_nonfinite_steps_are_rejected_and_training_goes_on():
             return log_prior * float("nan"), None if log_sigma is None else log_sigma * float("nan")
 
     for error in (False, True):
-        callback._eigen_marglik = lambda la, error=error: Broken(error)
+        callback.hyper.closed_form = lambda la, error=error: Broken(error)
         n_rejected = callback.n_rejected
-        callback._hyper_steps(type("T", (), {"max_epochs": 3})(), la)
+        callback.hyper_steps(type("T", (), {"max_epochs": 3})(), la)
         assert callback.n_rejected == n_rejected + callback.n_steps
         assert torch.equal(callback.log_prior.detach(), before)
 
@@ -202,7 +202,7 @@ def test_fused_mode_equals_the_exact_pass_when_weights_do_not_move(ctype):
 def test_fast_hyper_steps_follow_the_engine_marglik(structure):
     """kron / full fits take closed-form gradients (EigenMarglik / FullMarglik); the trajectory equals
     K Adam steps on autograd gradients of ``Laplace.log_marginal_likelihood`` (float64)."""
-    from laplace_lab.training import online_marglik as om
+    from laplace_lab.laplace import eigen_marglik
 
     torch.manual_seed(0)
     X, y = torch.randn(40, 3, dtype=torch.float64), torch.randn(40, 2, dtype=torch.float64)
@@ -217,37 +217,19 @@ def test_fast_hyper_steps_follow_the_engine_marglik(structure):
     for fast in (True, False):
         cb = OnlineMarglik({"subset_of_weights": "all", "hessian_structure": structure, "curvature": "ggn"},
                            prior_structure="layerwise", n_steps=30, lr_hyp=0.1, lr_hyp_min=0.01)
-        cb._init_hyperparameters(module, la)
+        cb.init_hyperparameters(module, la)
         if not fast:
-            cb._eigen_marglik = lambda la: None
+            cb.hyper.closed_form = lambda la: None
         else:
-            assert cb._eigen_marglik(la) is not None
-        marglik = cb._hyper_steps(trainer, la)
+            assert cb.hyper.closed_form(la) is not None
+        marglik = cb.hyper_steps(trainer, la)
         results.append((marglik, cb.log_prior.detach().clone(), cb.log_sigma.detach().clone(), cb.hyper_steps_done))
     (m1, p1, s1, n1), (m2, p2, s2, n2) = results
     assert n1 == n2 == 30
     torch.testing.assert_close(p1, p2, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(s1, s2, rtol=1e-9, atol=1e-9)
     assert m1 == pytest.approx(m2, rel=1e-10)
-    assert (om.eigen_marglik.supports if structure == "kron" else om.eigen_marglik.supports_full)(la)
-
-
-@pytest.mark.parametrize("kw", [{}, {"amsgrad": True}, {"weight_decay": 0.1, "betas": (0.8, 0.99)}])
-def test_adam_step_is_torch_adam(kw):
-    from laplace_lab.training.online_marglik import _adam_step
-
-    torch.manual_seed(0)
-    a = torch.randn(5, requires_grad=True)
-    b = a.detach().clone().requires_grad_(True)
-    oa, ob = torch.optim.Adam([a], lr=0.1, **kw), torch.optim.Adam([b], lr=0.1, **kw)
-    for _ in range(10):
-        g = torch.randn(5)
-        a.grad, b.grad = g.clone(), g.clone()
-        oa.step()
-        _adam_step(ob)
-    assert torch.equal(a, b)
-    sa, sb = oa.state_dict()["state"][0], ob.state_dict()["state"][0]
-    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert (eigen_marglik.supports if structure == "kron" else eigen_marglik.supports_full)(la)
 
 
 def test_fused_mode_rejects_batchnorm_before_training():

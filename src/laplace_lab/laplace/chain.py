@@ -182,7 +182,7 @@ class Chain:
                 calls[i] = Call((x,), {}, out)
                 self._state[i] = x.shape
             elif k == "relu" and i + 1 < len(leaves) and kinds[i + 1] == "pool":
-                pooled, idx = self._pool(leaves[i + 1], x)
+                pooled, idx = self.max_pool(leaves[i + 1], x)
                 out = pooled.relu()
                 self._state[i] = _FUSED  # backward of both at i + 1
                 self._state[i + 1] = (x.shape, idx, out > 0)
@@ -190,7 +190,7 @@ class Chain:
                 x = out
                 continue
             elif k == "pool":
-                out, idx = self._pool(m, x)
+                out, idx = self.max_pool(m, x)
                 self._state[i] = (x.shape, idx, None)
             elif k == "relu":
                 out = x.relu()
@@ -230,7 +230,7 @@ class Chain:
                 and m.out_channels < 16 and _s2d_ok(m, x.shape))
 
     @staticmethod
-    def _pool(m: nn.MaxPool2d, x: torch.Tensor):
+    def max_pool(m: nn.MaxPool2d, x: torch.Tensor):
         """``(pooled, idx)`` as ``F.max_pool2d(..., return_indices=True)``. Non-overlapping windows
         without padding (kernel == stride, the usual 2x2 / 2): elementwise maxima of the ``kh kw``
         strided sub-grids and the first maximal one in row-major order (max_pool2d's tie rule),

@@ -26,9 +26,10 @@ regression, ``1 / T`` otherwise; log likelihood ``-c loss`` (regression also ``-
 sqrt(2 pi))``); scatter ``(theta - mu0)^T P0 (theta - mu0)`` at ``la.mean``. ``EigenMarglik(la)``
 checks itself against ``la.log_marginal_likelihood`` at the current hyperparameters and raises
 ``ValueError`` if they disagree (a convention changed in the engine); ``supports(la)`` tells which
-fits it handles: kron (scalar / layerwise / normgroups prior) and diag (any prior).
+fits it handles: any structure with ``curvature_eigenvalues()`` (built in: kron with scalar /
+layerwise / normgroups priors, diag with any prior).
 
-``FullMarglik`` is the same for the full structure, where no basis diagonalises ``c H + P0`` for
+``FullMarglik`` is the same for structures with a dense Cholesky (``dense_cholesky``: full), where no basis diagonalises ``c H + P0`` for
 every prior (a layerwise prior is not a multiple of the identity): each gradient takes one
 Cholesky factor ``L`` of ``x = c H + P0`` (float64, as the engine) and ``diag(x^{-1})`` from
 ``cholesky_inverse(L)``; the sums over ``1 / x_i`` above become sums over that diagonal, and
@@ -44,39 +45,30 @@ import math
 import torch
 
 
+def _plain_fit(la) -> bool:
+    return la.fitted and getattr(la, "linear_offset", None) is None
+
+
 def supports(la) -> bool:
-    """Whether ``EigenMarglik`` handles ``la`` (fitted kron or diag structure, no linear-mode offset)."""
-    return (la.fitted and la.hessian_structure in ("kron", "diag")
-            and getattr(la, "linear_offset", None) is None)
+    """Whether ``EigenMarglik`` handles ``la``: fitted, no linear-mode offset, and its structure has
+    ``curvature_eigenvalues()`` (an eigenbasis shared with its priors; built in: kron, diag)."""
+    return _plain_fit(la) and la.structure.curvature_eigenvalues() is not None
 
 
 def supports_full(la) -> bool:
-    """Whether ``FullMarglik`` handles ``la`` (fitted full structure, no linear-mode offset)."""
-    return (la.fitted and la.hessian_structure == "full"
-            and getattr(la, "linear_offset", None) is None)
+    """Whether ``FullMarglik`` handles ``la``: fitted, no linear-mode offset, and its structure factorises
+    a dense precision (``dense_cholesky``; built in: full)."""
+    return _plain_fit(la) and la.structure.dense_cholesky
 
 
 def closed_form(la, **kwargs):
-    """``EigenMarglik(la)`` (kron, diag), ``FullMarglik(la)`` (full) or ``None`` (other structures)."""
+    """The fast marglik the structure of ``la`` provides: ``EigenMarglik(la)`` (an eigenbasis),
+    ``FullMarglik(la)`` (a dense Cholesky) or ``None``."""
     if supports(la):
         return EigenMarglik(la, **kwargs)
     if supports_full(la):
         return FullMarglik(la, **kwargs)
     return None
-
-
-def _kron_eigenvalues(blocks) -> list[torch.Tensor]:
-    out = []
-    for b in blocks:
-        if b["kind"] == "kron":
-            out.append(torch.outer(b["lamG"], b["lamA"]).reshape(-1))
-        elif b["kind"] == "kron1":
-            out.append(b["lamG"].reshape(-1))
-        elif b["kind"] == "diag":
-            out.append(b["h"].reshape(-1))
-        else:
-            raise ValueError(f"EigenMarglik: unknown kron block kind {b['kind']!r}")
-    return out
 
 
 class EigenMarglik:
@@ -104,17 +96,13 @@ class EigenMarglik:
         self.n_norm = la.n_data * (la.n_outputs or 1)
         self.sigma_noise = la.sigma_noise.detach()
         self.order = self.index = None
-        if self.prior_structure == "diagonal":  # one precision per parameter: no groups
+        groups = la.prior.tensor_index()  # [n_layers] entry of the prior values per tensor; None: diagonal
+        if groups is None:  # one precision per parameter: no groups
             self.split = None
             self.h, self.diff2 = h, diff2
         else:  # group of every parameter: 0 (scalar), its tensor (layerwise) or its tensor's group (normgroups)
             n_layers = len(la.sizes)
-            if self.prior_structure == "scalar":
-                groups = torch.zeros(n_layers, dtype=torch.long)
-            elif self.prior_structure == "normgroups":
-                groups = la.prior_groups.detach().cpu().long()
-            else:
-                groups = torch.arange(n_layers)
+            groups = groups.detach().cpu().long()
             self.n_groups = int(groups.max()) + 1 if n_layers else 1
             index = torch.repeat_interleave(groups, torch.as_tensor(la.sizes)).to(device)  # [P]
             # the sums are order-free: sort the eigenvalues by group once, so that a call expands the
@@ -127,9 +115,10 @@ class EigenMarglik:
             self.group_sizes = counts.to(self.dtype)
             self.group_diff2 = torch.zeros(self.n_groups, dtype=self.dtype, device=device).index_add_(0, index, diff2)
         if check:
-            self._check(rtol if rtol is not None else (1e-10 if self.dtype == torch.float64 else 1e-4))
+            self.verify(rtol if rtol is not None else (1e-10 if self.dtype == torch.float64 else 1e-4))
 
-    def _check(self, rtol: float) -> None:
+    def verify(self, rtol: float) -> None:
+        """``ValueError`` unless the value at ``la``'s current hyperparameters equals ``la.log_marginal_likelihood()``."""
         la = self.la
         with torch.no_grad():
             prior = la.prior_precision.detach().clone()
@@ -141,12 +130,12 @@ class EigenMarglik:
 
     # ---- structure-specific pieces ---------------------------------------------------------------
     _supports = staticmethod(supports)
-    _refusal = ("EigenMarglik needs a fitted Laplace with hessian_structure 'kron' or 'diag' "
-                "and no linear-mode offset")
+    _refusal = ("EigenMarglik needs a fitted Laplace whose structure has curvature_eigenvalues() "
+                "(e.g. hessian_structure 'kron' or 'diag') and no linear-mode offset")
 
     def _eigenvalues(self, la) -> torch.Tensor:
         """``[P]`` eigenvalues of ``H`` in parameter order (no grad)."""
-        h = torch.cat(_kron_eigenvalues(la.H)) if la.hessian_structure == "kron" else la.H.reshape(-1)
+        h = la.structure.curvature_eigenvalues().reshape(-1)
         if h.numel() != la.n_params:
             raise ValueError(f"EigenMarglik: {h.numel()} eigenvalues for {la.n_params} parameters")
         return h.to(self.dtype)
@@ -236,7 +225,8 @@ class FullMarglik(EigenMarglik):
     ``torch.linalg.LinAlgError`` as in the engine."""
 
     _supports = staticmethod(supports_full)
-    _refusal = "FullMarglik needs a fitted Laplace with hessian_structure 'full' and no linear-mode offset"
+    _refusal = ("FullMarglik needs a fitted Laplace whose structure has a dense Cholesky (dense_cholesky, e.g. "
+                "hessian_structure 'full') and no linear-mode offset")
 
     def _eigenvalues(self, la):
         return None

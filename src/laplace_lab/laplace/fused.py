@@ -146,11 +146,8 @@ class _BatchRecorder:
         la = self._fused.la
         self.f = f
         ff, yy = la.lik.prepare(f.detach(), self._y.to(f.device))
-        with torch.no_grad():
-            la.loss = la.loss + la.lik.nll(ff, yy).to(la.dtype)
-        la.n_data += ff.shape[0]
+        la.add_batch(ff, yy)  # loss and counts; the curvature follows in FusedCurvature._accumulate_ready
         self.n = ff.shape[0]
-        la.n_outputs = ff.shape[1]
         if la.curvature == "mc_fisher":
             if self._cap.modified_inplace():
                 raise RuntimeError(

@@ -16,27 +16,19 @@ from collections.abc import Iterable, MutableMapping
 import torch
 from torch import nn
 
-from laplace_lab.laplace import predictive
-from laplace_lab.laplace.capture import Capture, has_inplace_modules
-from laplace_lab.laplace.chain import Chain
-from laplace_lab.laplace.curvature import CURVATURES, output_factors
+from laplace_lab.laplace import backends, predictive
+from laplace_lab.laplace.backends import backend_names
+from laplace_lab.laplace.curvature import CURVATURES
+from laplace_lab.laplace.hyper import MarglikOptimizer
 from laplace_lab.laplace.likelihoods import LIKELIHOODS, get_likelihood
 from laplace_lab.laplace.matrix_free import lowrank as _lowrank  # noqa: F401  (registers "lowrank")
-from laplace_lab.laplace.normgroups import n_groups as count_groups
-from laplace_lab.laplace.normgroups import normgroups
 from laplace_lab.laplace.options import (
     PRIOR_STRUCTURE_ALIASES,
     FeatureReduction,
     TuningMethod,
     check_choice,
 )
-from laplace_lab.laplace.priors import (
-    PRIOR_STRUCTURES,
-    expand_groups,
-    infer_structure,
-    to_diag,
-    to_vector,
-)
+from laplace_lab.laplace.priors import PRIOR_STRUCTURES, Prior, infer_structure
 from laplace_lab.laplace.structures import STRUCTURES
 from laplace_lab.laplace.subset import SUBSETS, select
 
@@ -70,20 +62,22 @@ def real_tensor(option: str, value, dtype) -> torch.Tensor:
     return t
 
 
-def resolve_backend(backend, curvature: str) -> str:
-    """The curvature name from laplace-torch's ``backend`` (a curvature name, or a class / object with a
-    ``curvature`` attribute such as ``compat.CurvlinopsGGN``) and ours; ``backend=None`` keeps ``curvature``."""
+def resolve_backend(backend, curvature: str) -> tuple[str, str]:
+    """``(curvature, backend)`` from ``backend`` and ``curvature``: ``backend`` is a collection backend
+    name (``backends.backend_names()``: "auto", "chain", "capture", "lanczos"), or laplace-torch's
+    meaning: a curvature name or a class / object with a ``curvature`` attribute such as
+    ``compat.CurvlinopsGGN`` (sets the curvature, backend "auto"); ``None`` is "auto"."""
     curvature = _check_choice("curvature", curvature, CURVATURES)
-    if backend is None:
-        return curvature
+    if backend is None or (isinstance(backend, str) and backend in backend_names()):
+        return curvature, backend or "auto"
     name = getattr(backend, "curvature", backend)
     if not isinstance(name, str):
-        raise ValueError(f"backend must be a curvature name {CURVATURES} or a laplace_lab.laplace.compat "
-                         f"backend class (e.g. CurvlinopsGGN); got {backend!r}")
-    name = _check_choice("backend", name, CURVATURES)
+        raise ValueError(f"backend must be one of {list(backend_names())}, a curvature name {CURVATURES} or a "
+                         f"laplace_lab.laplace.compat backend class (e.g. CurvlinopsGGN); got {backend!r}")
+    name = _check_choice("backend", name, backend_names() + CURVATURES)
     if curvature != "ggn" and curvature != name:
         raise ValueError(f"backend={backend!r} (curvature {name!r}) contradicts curvature={curvature!r}")
-    return name
+    return name, "auto"
 
 
 class _BoundKwargs:
@@ -134,6 +128,10 @@ class Laplace:
         sigma_noise: observation noise std (regression only; must be 1 otherwise).
         temperature: posterior temperature T.
         generator / seed: randomness for ``mc_fisher`` and ``sample``.
+        backend: curvature collection (``backends``): "auto" (default; the graph-free chain for plain
+            sequential nets, else "capture"), "chain", "capture", "lanczos" (lowrank); laplace-torch's
+            values (a curvature name, or a marker class such as ``compat.CurvlinopsGGN``) set
+            ``curvature`` and keep "auto".
 
     Attributes after ``fit``: ``mean`` [P], ``n_data``, ``n_outputs``, ``loss`` (summed NLL, unit
     noise), ``prior_precision`` ([1] / [n_layers] / [P]), ``sigma_noise`` (0-dim),
@@ -172,7 +170,7 @@ class Laplace:
         dict_key_y: str = "labels",
     ):
         likelihood = _check_choice("likelihood", likelihood, LIKELIHOODS)
-        curvature = resolve_backend(backend, curvature)
+        curvature, self.backend = resolve_backend(backend, curvature)
         for name, kw in (("backend_kwargs", backend_kwargs), ("asdl_fisher_kwargs", asdl_fisher_kwargs)):
             if kw:
                 raise ValueError(f"{name} are options of laplace-torch's third-party backends; this engine "
@@ -212,20 +210,14 @@ class Laplace:
             prior_structure = infer_structure(prior_precision, self.n_layers, self.n_params)
         _check_choice("prior_structure", prior_structure, PRIOR_STRUCTURES)
         struct_cls = STRUCTURES[hessian_structure]
-        self.prior_groups, self.n_groups = None, None
-        if prior_structure == "normgroups":  # structures see the per-tensor (layerwise) expansion
-            groups = prior_groups if prior_groups is not None else normgroups(model, self.params, example_input)
-            groups = torch.as_tensor(groups, dtype=torch.long).reshape(-1)
-            if groups.numel() != self.n_layers or bool((groups < 0).any()):
-                raise ValueError(f"prior_groups must hold one non-negative group index per parameter tensor "
-                                 f"(n_layers={self.n_layers}); got shape {tuple(groups.shape)}")
-            self.prior_groups, self.n_groups = groups.to(self._device), count_groups(groups)
-        if (prior_structure if prior_structure != "normgroups" else "layerwise") not in struct_cls.prior_structures:
+        if prior_groups is not None:
+            prior_groups = torch.as_tensor(prior_groups, dtype=torch.long).to(self._device)
+        self.prior = Prior.for_model(prior_structure, model, self.params, prior_groups, example_input)  # priors.Prior
+        if self.prior.expanded_structure not in struct_cls.prior_structures:
             raise ValueError(
                 f"prior_structure={prior_structure!r} is not supported with "
                 f"hessian_structure={hessian_structure!r}; allowed: {struct_cls.prior_structures}"
             )
-        self.prior_structure = prior_structure
         self.prior_precision = prior_precision
         self.prior_mean = prior_mean
         if likelihood != "regression" and float(real_tensor("sigma_noise", sigma_noise, self._dtype).detach().reshape(-1)[0]) != 1.0:
@@ -243,8 +235,8 @@ class Laplace:
         self.n_data = 0
         self.n_outputs = None
         self._fitted = False
-        self._use_chain = True  # False: always the autograd (Capture) backward (tests compare both)
-        self._chain = None
+        self._backend = None  # the backends.Backend the last fit_begin chose
+        backends.check_structure(self, self.backend)  # the model itself is checked by fit_begin (eval mode)
 
     # ---- hyperparameters ------------------------------------------------------------------------
     @property
@@ -254,8 +246,26 @@ class Laplace:
     @prior_precision.setter
     def prior_precision(self, value) -> None:
         value = real_tensor("prior_precision", value, self._dtype)
-        self._prior_precision = to_vector(value, self.prior_structure, self.n_layers, self.n_params,
-                                          device=self._device, dtype=self._dtype, n_groups=self.n_groups)
+        self._prior_precision = self.prior.vector(value, device=self._device, dtype=self._dtype)
+
+    @property
+    def prior_structure(self) -> str:
+        return self.prior.structure
+
+    @prior_structure.setter
+    def prior_structure(self, value: str) -> None:
+        """Switch the prior's structure (normgroups keeps its groups); set ``prior_precision`` next."""
+        groups = self.prior.groups if value == "normgroups" else None
+        self.prior = Prior(value, self._sizes, groups)
+
+    @property
+    def prior_groups(self) -> torch.Tensor | None:
+        """normgroups: ``[n_layers]`` group index of every parameter tensor; else ``None``."""
+        return self.prior.groups
+
+    @property
+    def n_groups(self) -> int | None:
+        return self.prior.n_groups
 
     # ---- read-only views for other modules (no one reads the underscored attributes) --------------------
     @property
@@ -286,18 +296,9 @@ class Laplace:
         return self._fitted
 
     @property
-    def use_chain(self) -> bool:
-        """Whether ``fit`` may use the graph-free ``chain.Chain`` (False: always the autograd capture)."""
-        return self._use_chain
-
-    @use_chain.setter
-    def use_chain(self, value: bool) -> None:
-        self._use_chain = bool(value)
-
-    @property
     def chain(self):
-        """The ``chain.Chain`` the last ``fit_begin`` built (``None``: the autograd capture path)."""
-        return self._chain
+        """The ``chain.Chain`` of the last ``fit_begin`` (``None``: another backend collects curvature)."""
+        return getattr(self._backend, "chain", None)
 
     def check_fitted(self) -> None:
         """``RuntimeError`` unless ``fit`` (or ``load_state_dict``) ran."""
@@ -311,14 +312,12 @@ class Laplace:
     def _structure_prior(self) -> torch.Tensor:
         """The prior as the structures take it: ``prior_precision``, or for "normgroups" its
         ``[n_layers]`` per-tensor expansion (graph preserved)."""
-        if self.prior_structure == "normgroups":
-            return expand_groups(self.prior_precision, self.prior_groups)
-        return self.prior_precision
+        return self.prior.structure_form(self.prior_precision)
 
     @property
     def prior_precision_diag(self) -> torch.Tensor:
         """``[P]`` per-parameter prior precision."""
-        return to_diag(self._structure_prior, self._sizes)
+        return self.prior.per_parameter(self.prior_precision)
 
     @property
     def prior_mean(self) -> torch.Tensor:
@@ -396,49 +395,33 @@ class Laplace:
         self.model.eval()
         self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
         self.linear_offset = None
-        # plain sequential networks: graph-free forward and one batched backward of the K factors
-        # (chain.py); for a last-layer subset only its faster forward matters
-        self._chain = None
-        if self._use_chain:
-            self._chain = Chain.build(self.model, [e.module for e in self.entries],
-                                      block_order_ok=self._structure.any_block_order)
+        # the curvature-collection backend (backends/: "auto" = the chain for plain sequential nets, else
+        # the autograd capture); self-fitting structures make their own data pass
+        try:
+            self._backend = backends.choose(self, self.backend)
+        except ValueError:
+            self.model.train(self._was_training)
+            raise
 
     def fit_batch(self, X, y) -> None:
         """Accumulate curvature and loss of one batch (one forward, one batched backward)."""
+        if self._backend is None:
+            if self._structure.self_fitting:
+                raise ValueError(f"hessian_structure={self.hessian_structure!r} makes its own data pass: call "
+                                 "fit(train_loader); fit_begin/fit_batch/fit_end are not supported")
+            self._backend = backends.choose(self, self.backend)  # fit_batch without fit_begin, as before
         X = X.to(self._device) if isinstance(X, torch.Tensor) else X
-        y = y.to(self._device)
-        chain = getattr(self, "_chain", None)
-        if chain is not None and isinstance(X, torch.Tensor):
-            out, records = chain.forward(X)
-            f, yy = self._lik.prepare(out, y)
-            V = output_factors(self._lik, self.curvature, f, yy, self.n_mc_samples, self.generator)
-            chain.backward(V.reshape(V.shape[0], *out.shape))
-            with torch.no_grad():
-                self.loss = self.loss + self._lik.nll(f, yy)
-                self._structure.accumulate(records)
-            self.n_data += f.shape[0]
-            self.n_outputs = f.shape[1]
-            return
-        modules = [e.module for e in self.entries]
-        last_layer = self.subset_of_weights == "last_layer"
-        protect = not last_layer and has_inplace_modules(self.model)
-        with Capture(modules, protect_inplace=protect) as cap:
-            with torch.no_grad() if last_layer else torch.enable_grad():
-                out = self.model(X)
-        if not last_layer and cap.modified_inplace():  # a functional in-place op: redo protected
-            with Capture(modules, protect_inplace=True) as cap, torch.enable_grad():
-                out = self.model(X)
-        rec = cap.records[0]
-        if last_layer and not (len(rec.calls) == 1 and rec.calls[0].output is out):
-            # something follows the last layer: redo the forward with a graph
-            with Capture(modules) as cap, torch.enable_grad():
-                out = self.model(X)
-        f, yy = self._lik.prepare(out, y)
-        V = output_factors(self._lik, self.curvature, f, yy, self.n_mc_samples, self.generator)
-        cap.backward(out, V.reshape(V.shape[0], *out.shape))
+        f, yy, records = self._backend.batch(X, y.to(self._device))
+        self.add_batch(f, yy, records)
+
+    def add_batch(self, f: torch.Tensor, y: torch.Tensor, records=None) -> None:
+        """Add one batch collected by a backend (or by ``fused.FusedCurvature``): outputs ``f`` ``[N, C]``
+        and prepared targets ``y`` (the loss and counts), and, unless ``None``, the per-entry
+        ``records`` with output gradients (the structure's curvature)."""
         with torch.no_grad():
-            self.loss = self.loss + self._lik.nll(f.detach(), yy)
-            self._structure.accumulate(cap.records)
+            self.loss = self.loss + self._lik.nll(f.detach(), y).to(self._dtype)
+            if records is not None:
+                self._structure.accumulate(records)
         self.n_data += f.shape[0]
         self.n_outputs = f.shape[1]
 
@@ -678,24 +661,15 @@ class Laplace:
         if progress_bar:
             from tqdm.auto import trange
             steps = trange(n_steps, desc="prior precision")
-        if method == "marglik":
-            log_pp = self.prior_precision.detach().clone().log().requires_grad_(True)
-            params = [log_pp]
+        if method == "marglik":  # the one marglik optimiser (laplace.hyper), unbounded as laplace-torch's
+            if tune_sigma_noise and self.likelihood != "regression":
+                raise ValueError("tune_sigma_noise needs likelihood='regression'")
+            hyper = MarglikOptimizer(self.prior_precision.detach().log(),
+                                     self.sigma_noise.detach().log() if tune_sigma_noise else None, lr=lr)
+            hyper.run(self, steps)
+            self.prior_precision = hyper.log_prior.detach().exp()
             if tune_sigma_noise:
-                if self.likelihood != "regression":
-                    raise ValueError("tune_sigma_noise needs likelihood='regression'")
-                log_sigma = self.sigma_noise.detach().clone().log().requires_grad_(True)
-                params.append(log_sigma)
-            opt = torch.optim.Adam(params, lr=lr)
-            for _ in steps:
-                opt.zero_grad()
-                sigma = log_sigma.exp() if tune_sigma_noise else None
-                neg = -self.log_marginal_likelihood(log_pp.exp(), sigma)
-                neg.backward()
-                opt.step()
-            self.prior_precision = log_pp.detach().exp()
-            if tune_sigma_noise:
-                self.sigma_noise = log_sigma.detach().exp()
+                self.sigma_noise = hyper.log_sigma.detach().exp()
             if verbose:
                 print(f"optimize_prior_precision: prior precision {self.prior_precision.tolist()}")
             return

@@ -170,7 +170,7 @@ def linear_map(la, data: Iterable, delta0: torch.Tensor | None = None, *, max_ne
     Logs every Newton step (INFO), prefixed by ``label``."""
     obj = objective if objective is not None else LinearisedObjective(la, data, chunk_size, vec_chunk)
     with torch.no_grad():
-        c = la._H_factor.detach()
+        c = la.H_factor.detach()
         p0 = la.prior_precision_diag.detach()
         mu0 = la.prior_mean.detach()
     th = obj.theta_hat
@@ -215,19 +215,11 @@ def linear_map(la, data: Iterable, delta0: torch.Tensor | None = None, *, max_ne
 
 
 def _preconditioner(la):
-    """The fitted posterior covariance at ``theta_hat`` as CG preconditioner: full: the dense
-    covariance (the exact inverse Hessian of ``L`` for regression); kron: the KFAC inverse, applied
-    blockwise in its eigenbases; otherwise the marginal variances."""
+    """The fitted posterior covariance at ``theta_hat`` as CG preconditioner, in the structure's own
+    form (``Structure.preconditioner``: e.g. the dense covariance, the KFAC inverse applied blockwise,
+    or the marginal variances)."""
     with torch.no_grad():
-        if la.hessian_structure == "full":
-            S = la.posterior_covariance.detach()
-            return lambda R: S @ R
-        s = la.structure
-        if la.hessian_structure == "kron" and hasattr(s, "power_map"):
-            c, prior = la.H_factor.detach(), la.structure_prior.detach()
-            return lambda R: s.power_map(R.T, c, prior, -1.0).T
-        var = la.posterior_variance.detach()
-        return lambda R: var[:, None] * R
+        return la.structure.preconditioner(la.H_factor.detach(), la.structure_prior.detach())
 
 
 LOG_BOUND = 12.0  # |log precision|, |log sigma| <= 12 (as online marglik's log_min / log_max)

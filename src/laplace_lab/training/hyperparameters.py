@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from laplace_lab.laplace.options import PriorStructure
+from laplace_lab.laplace.priors import Prior
 
 PRIOR_STRUCTURES = PriorStructure.values()
 
@@ -33,36 +34,24 @@ def example_input(input_shape, model: nn.Module) -> torch.Tensor | None:
     return torch.zeros(2, *input_shape, device=p.device, dtype=p.dtype)
 
 
-def _group_means(per_tensor: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    """``[n_groups]`` mean of ``per_tensor`` ``[n]`` within each group (an empty group: the overall mean)."""
-    groups = groups.to(per_tensor.device)
-    n = int(groups.max()) + 1 if groups.numel() else 1
-    total = torch.zeros(n, dtype=per_tensor.dtype, device=per_tensor.device).index_add_(0, groups, per_tensor)
-    count = torch.zeros(n, dtype=per_tensor.dtype, device=per_tensor.device).index_add_(
-        0, groups, torch.ones_like(per_tensor))
-    return torch.where(count > 0, total / count.clamp_min(1), per_tensor.mean())
+def _subset_prior(structure: str, subset_params: list[torch.Tensor], groups) -> Prior:
+    if structure == "normgroups" and groups is None:
+        raise ValueError("prior.structure='normgroups' needs the group index of every tensor (Laplace.prior_groups)")
+    return Prior(structure, [p.numel() for p in subset_params], groups)
 
 
 def initial_log_prior(module_prior: torch.Tensor, model: nn.Module, subset_params: list[torch.Tensor],
                       structure: str, groups: torch.Tensor | None = None) -> torch.Tensor:
     """Log prior precision in the engine's shape, read off the module's buffer.
 
-    ``scalar`` takes the mean over the subset's tensors, ``normgroups`` the mean within each group
-    (``groups``: ``Laplace.prior_groups``); ``diagonal`` expands per-tensor values.
+    ``Prior.from_per_tensor``: ``scalar`` takes the mean over the subset's tensors, ``normgroups`` the
+    mean within each group (``groups``: ``Laplace.prior_groups``); ``diagonal`` expands per-tensor values.
     """
     params = list(model.parameters())
     idx = subset_tensor_indices(model, subset_params)
-    if structure == "normgroups" and groups is None:
-        raise ValueError("prior.structure='normgroups' needs the group index of every tensor (Laplace.prior_groups)")
+    prior = _subset_prior(structure, subset_params, groups)
     if module_prior.numel() == len(params):  # one per tensor
-        per_tensor = module_prior[idx]
-        if structure == "scalar":
-            return per_tensor.mean().log().reshape(1)
-        if structure == "layerwise":
-            return per_tensor.log()
-        if structure == "normgroups":
-            return _group_means(per_tensor, groups).log()
-        return torch.cat([v.expand(params[i].numel()) for v, i in zip(per_tensor, idx)]).log()
+        return prior.from_per_tensor(module_prior[idx]).log()
     if structure != "diagonal":
         raise ValueError(f"prior.structure={structure!r} cannot start from a per-parameter prior; allowed: ['diagonal']")
     offsets = torch.tensor([0] + [p.numel() for p in params]).cumsum(0)
@@ -77,13 +66,9 @@ def write_prior(module_prior: torch.Tensor, model: nn.Module, subset_params: lis
     params = list(model.parameters())
     idx = subset_tensor_indices(model, subset_params)
     prior = prior.detach().to(module_prior)
-    if structure == "normgroups":
-        if groups is None:
-            raise ValueError("prior.structure='normgroups' needs the group index of every tensor (Laplace.prior_groups)")
-        prior, structure = prior[groups.to(prior.device)], "layerwise"  # per subset tensor
     if structure != "diagonal":
         new = module_prior.clone()
-        new[idx] = prior.expand(len(idx)) if structure == "scalar" else prior
+        new[idx] = _subset_prior(structure, subset_params, groups).per_tensor(prior)
         return new
     if module_prior.numel() == len(params):  # switch the module to a per-parameter prior
         module_prior = torch.cat([v.expand(p.numel()) for v, p in zip(module_prior, params)])

@@ -24,6 +24,7 @@ import pytorch_lightning as pl
 import torch
 from torch import nn
 
+from laplace_lab.laplace.priors import Prior
 from laplace_lab.training.nll import LIKELIHOODS, natural_to_mean_var, summed_nll
 
 RUN_IDENTITY_KEY = "laplace_lab_run_identity"
@@ -81,6 +82,7 @@ class MAPModule(pl.LightningModule):
         self.optimizer_factory = optimizer
         self.scheduler_factory = lr_scheduler
         self.n_param_tensors = len(list(model.parameters()))
+        self._prior: Prior | None = None
         self.register_buffer("prior_precision", torch.empty(0))
         self.set_prior_precision(prior_precision)
         self.register_buffer("log_sigma_noise", torch.tensor(float(sigma_noise)).log())
@@ -109,14 +111,18 @@ class MAPModule(pl.LightningModule):
         self.log_sigma_noise = torch.as_tensor(value, dtype=torch.float32, device=self.log_sigma_noise.device).log().reshape(())
 
     # --- objective ------------------------------------------------------------------------
+    @property
+    def prior(self) -> Prior:
+        """The engine's prior object for the buffer's shape: layerwise over every parameter tensor of
+        the model, or diagonal (one precision per parameter)."""
+        per_tensor = self.prior_precision.numel() == self.n_param_tensors
+        if self._prior is None or self._prior.structure != ("layerwise" if per_tensor else "diagonal"):
+            self._prior = Prior("layerwise" if per_tensor else "diagonal", [p.numel() for p in self.model.parameters()])
+        return self._prior
+
     def prior_term(self) -> torch.Tensor:
-        """``0.5 * sum_g delta_g ||theta_g||^2`` (or ``0.5 * sum_i delta_i theta_i^2``)."""
-        params = list(self.model.parameters())
-        if self.prior_precision.numel() == self.n_param_tensors:
-            sq_norms = torch.stack([p.pow(2).sum() for p in params])
-            return 0.5 * (self.prior_precision * sq_norms).sum()
-        theta = torch.cat([p.flatten() for p in params])
-        return 0.5 * (self.prior_precision * theta.pow(2)).sum()
+        """``0.5 * sum_g delta_g ||theta_g||^2`` (or ``0.5 * sum_i delta_i theta_i^2``): ``Prior.penalty``."""
+        return self.prior.penalty(self.prior_precision, list(self.model.parameters()))
 
     def nll(self, f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Summed negative log likelihood of a batch."""

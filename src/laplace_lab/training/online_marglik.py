@@ -10,10 +10,10 @@ step's loss uses them.
 Temperature convention: the training loss is ``NLL / T + prior / N`` per datum and the Laplace
 posterior precision is ``H / (sigma^2 T) + P0``; both use the module's ``temperature``.
 
-Cost of the K hyper steps: for kron and diag fits each step uses ``EigenMarglik``'s closed-form
-gradient (eigenvalues taken once per fit, O(P) per step, no autograd; full fits: ``FullMarglik``,
-one Cholesky per step) and a functional Adam update, so K = 100 steps take tens of milliseconds on LeNet-5 (they took ~0.3 s, a third of a
-training epoch, through ``Laplace.log_marginal_likelihood`` + autograd + ``Adam.step``).
+The K hyper steps are ``laplace.hyper.MarglikOptimizer`` steps (the optimiser post-hoc tuning uses
+too): the gradient comes from the structure's closed form where it has one (kron, diag: eigenvalues
+taken once per fit, O(P) per step, no autograd; full: one Cholesky per step), else autograd through
+``Laplace.log_marginal_likelihood``.
 
 Robustness: a hyper step whose marglik or gradient is not finite is rejected (values and
 optimiser state before it are kept), counted and logged; training goes on. Log hyperparameters
@@ -38,13 +38,13 @@ import copy
 import logging
 import math
 import time
-import warnings
 
 import pytorch_lightning as pl
 import torch
 from torch import nn
 
-from laplace_lab.laplace import Laplace, eigen_marglik
+from laplace_lab.laplace import Laplace
+from laplace_lab.laplace.hyper import MarglikOptimizer
 from laplace_lab.training.hyperparameters import (
     PRIOR_STRUCTURES,
     example_input,
@@ -63,60 +63,6 @@ def warn_rejected(rejected: int, n_steps: int, epoch: int) -> None:
         log.warning("!!! online marglik at epoch %d: %d of %d hyper steps REJECTED (non-finite marglik or gradient): "
                     "the hyperparameters barely moved; training may be diverging (lower optimizer.lr or "
                     "marglik.lr_hyp) !!!", epoch, rejected, n_steps)
-
-
-def _all_finite(tensors) -> bool:
-    """One check (one host sync on an accelerator) for a few small tensors."""
-    return bool(torch.isfinite(torch.cat([t.detach().reshape(-1) for t in tensors])).all())
-
-
-def _snapshot_state(opt: torch.optim.Optimizer, params: list[torch.Tensor]) -> list[dict | None]:
-    """Copies of the optimiser's per-parameter state (tensors cloned)."""
-    return [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in opt.state[p].items()}
-            if p in opt.state else None for p in params]
-
-
-def _restore_state(opt: torch.optim.Optimizer, params: list[torch.Tensor], saved: list[dict | None]) -> None:
-    for p, s in zip(params, saved):
-        if s is None:
-            opt.state.pop(p, None)
-        else:
-            opt.state[p] = s
-
-
-def _adam_step(opt: torch.optim.Optimizer) -> None:
-    """``opt.step()`` for a plain ``torch.optim.Adam`` through the functional ``torch.optim.adam.adam``
-    (same update, same state layout). ``Adam.step`` checks for an accelerator on every call, which
-    under Lightning (``PYTORCH_NVML_BASED_CUDA_CHECK=1``) loads NVML each time: ~0.4 ms, ten times the
-    update of a few log hyperparameters. Anything but a plain Adam group falls back to ``opt.step()``."""
-    from torch.optim.adam import adam
-
-    if type(opt) is not torch.optim.Adam or any(
-            g.get("fused") or g.get("capturable") or g.get("differentiable") or g.get("foreach")
-            for g in opt.param_groups):
-        opt.step()
-        return
-    with torch.no_grad():
-        for g in opt.param_groups:
-            ps = [p for p in g["params"] if p.grad is not None]
-            for p in ps:
-                st = opt.state[p]
-                if len(st) == 0:  # as Adam._init_group (capturable / fused off)
-                    scalar = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-                    st["step"] = torch.tensor(0.0, dtype=scalar)
-                    st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    if g["amsgrad"]:
-                        st["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            if not ps:
-                continue
-            sts = [opt.state[p] for p in ps]
-            extra = {"decoupled_weight_decay": g["decoupled_weight_decay"]} if "decoupled_weight_decay" in g else {}
-            adam(ps, [p.grad for p in ps], [st["exp_avg"] for st in sts], [st["exp_avg_sq"] for st in sts],
-                 [st["max_exp_avg_sq"] for st in sts] if g["amsgrad"] else [], [st["step"] for st in sts],
-                 foreach=False, fused=False, capturable=False, differentiable=False, amsgrad=g["amsgrad"],
-                 beta1=g["betas"][0], beta2=g["betas"][1], lr=g["lr"], weight_decay=g["weight_decay"],
-                 eps=g["eps"], maximize=g["maximize"], **extra)
 
 
 def marglik_epochs(max_epochs: int, burnin: int, frequency: int) -> list[int]:
@@ -175,9 +121,7 @@ class OnlineMarglik(pl.Callback):
         self.fused = fused
         self._fused = None  # the FusedCurvature of the current accumulation epoch
         self._fused_time = 0.0
-        self.log_prior: torch.Tensor | None = None
-        self.log_sigma: torch.Tensor | None = None
-        self.hyper_optimizer: torch.optim.Adam | None = None
+        self.hyper: MarglikOptimizer | None = None  # created at the first marglik step
         self.hyper_steps_done = 0
         self.n_rejected = 0
         self.best_marglik = -math.inf
@@ -195,16 +139,24 @@ class OnlineMarglik(pl.Callback):
             temperature=module.temperature, seed=self.hyper_steps_done, example_input=x, **self.laplace_kwargs,
         )
 
-    def _init_hyperparameters(self, module: MAPModule, la: Laplace) -> None:
+    @property
+    def log_prior(self) -> torch.Tensor | None:
+        """The log prior precisions being learnt (``None`` before the first marglik step)."""
+        return None if self.hyper is None else self.hyper.log_prior
+
+    @property
+    def log_sigma(self) -> torch.Tensor | None:
+        return None if self.hyper is None else self.hyper.log_sigma
+
+    def init_hyperparameters(self, module: MAPModule, la: Laplace) -> None:
         device = module.prior_precision.device
-        self.log_prior = initial_log_prior(module.prior_precision, module.model, la.params, self.prior_structure,
-                                           groups=la.prior_groups)
-        self.log_prior = self.log_prior.detach().to(device).requires_grad_(True)
-        params = [self.log_prior]
+        log_prior = initial_log_prior(module.prior_precision, module.model, la.params, self.prior_structure,
+                                      groups=la.prior_groups)
+        log_sigma = None
         if self.optimize_sigma and module.likelihood == "regression":
-            self.log_sigma = module.log_sigma_noise.detach().clone().requires_grad_(True)
-            params.append(self.log_sigma)
-        self.hyper_optimizer = torch.optim.Adam(params, lr=self.lr_hyp)
+            log_sigma = module.log_sigma_noise
+        self.hyper = MarglikOptimizer(log_prior.detach().to(device), log_sigma, lr=self.lr_hyp,
+                                      log_min=self.log_min, log_max=self.log_max)
 
     def _total_hyper_steps(self, trainer: pl.Trainer) -> int:
         return self.n_steps * max(len(marglik_epochs(trainer.max_epochs, self.burnin, self.frequency)), 1)
@@ -259,10 +211,10 @@ class OnlineMarglik(pl.Callback):
                 la, module, trainer.datamodule.train_eval_dataloader(batch_size=self.fit_batch_size))
             self.last_factors_epoch = trainer.current_epoch
         if self.log_prior is None:
-            self._init_hyperparameters(module, la)
+            self.init_hyperparameters(module, la)
         fit_time = time.perf_counter() - start
         rejected_before = self.n_rejected
-        marglik = self._hyper_steps(trainer, la)
+        marglik = self.hyper_steps(trainer, la)
         warn_rejected(self.n_rejected - rejected_before, self.n_steps, trainer.current_epoch + 1)
         self._write_back(module, la)
         self._log(trainer, module, la, marglik, fit_time, time.perf_counter() - start)
@@ -275,80 +227,22 @@ class OnlineMarglik(pl.Callback):
                 "log_sigma_noise": module.log_sigma_noise.clone(),
             }
 
-    def _hyper_steps(self, trainer: pl.Trainer, la: Laplace) -> float:
-        """K Adam steps on -log marglik; returns the log marglik at the final values.
-
-        kron / diag fits: each step takes the closed-form gradient of ``EigenMarglik`` (eigenvalues
-        once per fit; one reciprocal and a few sums over the ``[P]`` eigenvalues, no autograd), so
-        K = 100 steps take milliseconds; a step is rejected if that gradient is not finite (the
-        value is then finite too: logs of positive finite numbers). Full fits take ``FullMarglik``'s
-        closed-form gradient (one Cholesky per step, no autograd; a step whose Cholesky fails is
-        rejected). Other structures evaluate and
-        back-propagate ``la.log_marginal_likelihood`` every step and reject non-finite values or
-        gradients, or a step whose evaluation raises ``torch.linalg.LinAlgError`` (an indefinite
-        precision). The optimiser state is snapshotted by cloning its (tiny) tensors."""
-        params = [p for p in (self.log_prior, self.log_sigma) if p is not None]
-        fast = self._eigen_marglik(la)
-        opt = self.hyper_optimizer
+    def hyper_steps(self, trainer: pl.Trainer, la: Laplace) -> float:
+        """K ``MarglikOptimizer`` steps (cosine rate schedule) on -log marglik; returns the log
+        marglik at the final values (NaN if its evaluation fails)."""
+        fast = self.hyper.closed_form(la)
         total = self._total_hyper_steps(trainer)
         for _ in range(self.n_steps):
-            lr = self._lr(trainer, total)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            for p in params:
-                p.grad = None
-            if fast is not None:
-                try:
-                    g_prior, g_sigma = fast.grad_log(self.log_prior, self.log_sigma)
-                    self.log_prior.grad = -g_prior
-                    if self.log_sigma is not None:
-                        self.log_sigma.grad = -g_sigma
-                    checks = [p.grad for p in params]
-                except torch.linalg.LinAlgError:  # full: Cholesky of an indefinite precision: reject
-                    checks = None
+            self.hyper.set_lr(self._lr(trainer, total))
+            if self.hyper.step(la, fast):
+                self.hyper_steps_done += 1
             else:
-                try:
-                    neg = -self._marglik(la)
-                    neg.backward()
-                    checks = None if any(p.grad is None for p in params) else [neg, *(p.grad for p in params)]
-                except torch.linalg.LinAlgError:  # e.g. Cholesky of an indefinite precision: reject
-                    checks = None
-            if checks is None or not _all_finite(checks):
                 self.n_rejected += 1
-                continue
-            saved = [p.detach().clone() for p in params]
-            saved_state = _snapshot_state(opt, params)
-            _adam_step(opt)
-            with torch.no_grad():
-                for p in params:
-                    p.clamp_(self.log_min, self.log_max)
-                if not _all_finite(params):
-                    for p, s in zip(params, saved):
-                        p.copy_(s)
-                    _restore_state(opt, params, saved_state)
-                    self.n_rejected += 1
-                    continue
-            self.hyper_steps_done += 1
         with torch.no_grad():
             try:
-                return float(self._marglik(la))
+                return float(self.hyper.marglik(la))
             except torch.linalg.LinAlgError:
                 return float("nan")
-
-    def _eigen_marglik(self, la: Laplace):
-        """``EigenMarglik(la)`` for kron / diag fits, ``FullMarglik(la)`` for full ones, else ``None``
-        (also, with a warning, if it does not reproduce ``la.log_marginal_likelihood``: an engine
-        convention it does not know)."""
-        try:
-            return eigen_marglik.closed_form(la)
-        except ValueError as err:
-            warnings.warn(f"online marglik: falling back to Laplace.log_marginal_likelihood ({err})", stacklevel=2)
-            return None
-
-    def _marglik(self, la: Laplace) -> torch.Tensor:
-        dtype = la.mean.dtype
-        sigma = self.log_sigma.to(dtype).exp() if self.log_sigma is not None else None
-        return la.log_marginal_likelihood(prior_precision=self.log_prior.to(dtype).exp(), sigma_noise=sigma)
 
     def _write_back(self, module: MAPModule, la: Laplace) -> None:
         module.set_prior_precision(
@@ -367,9 +261,7 @@ class OnlineMarglik(pl.Callback):
             "marglik/rejected_steps": float(self.n_rejected),
             "marglik/sigma_noise": float(module.sigma_noise),
         }
-        prior = self.log_prior.detach().exp()
-        if self.prior_structure == "normgroups":  # per subset tensor: its group's precision
-            prior = prior[la.prior_groups.to(prior.device)]
+        prior = la.prior.structure_form(self.log_prior.detach().exp())  # normgroups: per subset tensor
         if self.prior_structure == "diagonal":
             values["marglik/prior_precision_mean"] = float(prior.mean())
         else:
@@ -397,7 +289,7 @@ class OnlineMarglik(pl.Callback):
         return {
             "log_prior": None if self.log_prior is None else self.log_prior.detach().clone(),
             "log_sigma": None if self.log_sigma is None else self.log_sigma.detach().clone(),
-            "hyper_optimizer": None if self.hyper_optimizer is None else self.hyper_optimizer.state_dict(),
+            "hyper_optimizer": None if self.hyper is None else self.hyper.optimizer.state_dict(),
             "hyper_steps_done": self.hyper_steps_done,
             "n_rejected": self.n_rejected,
             "best_marglik": self.best_marglik,
@@ -412,10 +304,6 @@ class OnlineMarglik(pl.Callback):
         self.best_state = state["best_state"]
         self.history = list(state["history"])
         if state["log_prior"] is not None:
-            self.log_prior = state["log_prior"].clone().requires_grad_(True)
-            params = [self.log_prior]
-            if state["log_sigma"] is not None:
-                self.log_sigma = state["log_sigma"].clone().requires_grad_(True)
-                params.append(self.log_sigma)
-            self.hyper_optimizer = torch.optim.Adam(params, lr=self.lr_hyp)
-            self.hyper_optimizer.load_state_dict(state["hyper_optimizer"])
+            self.hyper = MarglikOptimizer.from_state_dict(
+                {"log_prior": state["log_prior"], "log_sigma": state["log_sigma"], "adam": state["hyper_optimizer"]},
+                lr=self.lr_hyp, log_min=self.log_min, log_max=self.log_max)

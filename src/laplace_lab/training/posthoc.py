@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.laplace import Laplace
 from laplace_lab.laplace.linear_mode import fit_linear_mode
+from laplace_lab.laplace.spec import structure_class
 from laplace_lab.training.hyperparameters import example_input, initial_log_prior
 from laplace_lab.training.module import MAPModule
 
@@ -30,15 +31,18 @@ LINEAR_MODE_KEYS = ("n_outer", "tol", "prior_max_iter", "round_newton", "max_new
 
 
 def laplace_kwargs(curvature_cfg: DictConfig) -> dict:
-    """Engine arguments of a ``curvature/`` config."""
+    """Engine arguments of a ``curvature/`` config; the structure's own options (its declared
+    ``options``, e.g. lowrank's ``n_eigs``) go as ``structure_options`` when the config sets them."""
     kwargs = {
         "subset_of_weights": curvature_cfg.subset_of_weights,
         "hessian_structure": curvature_cfg.hessian_structure,
         "curvature": curvature_cfg.type,
         "n_mc_samples": int(curvature_cfg.n_mc_samples),
     }
-    if curvature_cfg.hessian_structure == "lowrank":
-        kwargs["n_eigs"] = int(curvature_cfg.get("n_eigs", 100))
+    options = {k: curvature_cfg[k] for k in structure_class(curvature_cfg.hessian_structure).options
+               if curvature_cfg.get(k) is not None}
+    if options:
+        kwargs["structure_options"] = options
     return kwargs
 
 

@@ -177,7 +177,7 @@ class LowRankStructure(Structure):
         return torch.einsum("ncp,nkp->nck", Js * dinv, Js) - JG @ JG.transpose(1, 2)
 
     def sample(self, n, c, prior, generator=None):
-        eps = self._randn(self.n_params, n, generator=generator)
+        eps = self.randn(self.n_params, n, generator=generator)
         if prior.numel() == 1:
             d = prior.reshape(())
             s = (c * self.eigvals + d).rsqrt() - d.rsqrt()

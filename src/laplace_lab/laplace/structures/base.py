@@ -10,7 +10,8 @@ nothing outside the structure branches on its name. Required: ``reset``, ``accum
 ``self_fitting`` + ``fit``), ``logdet``, ``sample``, ``functional_variance``, ``posterior_variance``,
 ``precision``, ``dense_precision``, ``state_dict`` / ``load_state_dict`` and the ``H`` property.
 Optional (defaults here): ``finalize``, ``covariance``, ``square_norm``, ``curvature_eigenvalues``
-(fast marglik), ``posterior_view`` (the glm predictive; default: dense per-input Jacobians).
+(fast marglik), ``cholesky`` (dense fast marglik), ``preconditioner`` (linear-mode CG),
+``posterior_view`` (the glm predictive; default: dense per-input Jacobians).
 Class attributes declare ``prior_structures`` and ``curvatures`` it supports, its extra constructor
 ``options`` and whether ``chain.Chain`` may hand it modules in any block order.
 """
@@ -20,17 +21,13 @@ from __future__ import annotations
 import torch
 
 from laplace_lab.laplace.capture import Record
+from laplace_lab.laplace.registry import registrar
 from laplace_lab.laplace.subset import Entry
 
 STRUCTURES: dict[str, type[Structure]] = {}
 
 
-def register(cls: type[Structure]) -> type[Structure]:
-    """Class decorator: make ``cls`` available as ``hessian_structure=cls.name``."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__}.name must be a non-empty string to register it")
-    STRUCTURES[cls.name] = cls
-    return cls
+register = registrar(STRUCTURES, "hessian_structure")
 
 
 class Structure:
@@ -108,9 +105,22 @@ class Structure:
         return v @ (self.dense_precision(c, prior) @ v)
 
     def curvature_eigenvalues(self) -> torch.Tensor | None:
-        """``[P]`` eigenvalues of ``H`` in an eigenbasis shared with every scalar/layerwise prior
-        (the fast marglik of ``eigen_marglik``), or ``None`` when there is none."""
+        """``[P]`` eigenvalues of ``H`` (parameter order, no grad) in an eigenbasis in which every prior
+        the structure supports is diagonal (``eigen_marglik.EigenMarglik``), or ``None`` when there is none."""
         return None
+
+    dense_cholesky = False  # True: ``cholesky(c, prior)`` factorises a dense precision (``FullMarglik``)
+
+    def cholesky(self, c, prior) -> torch.Tensor:
+        """Lower Cholesky factor ``L`` (float64) of the dense posterior precision; only where
+        ``dense_cholesky`` is True."""
+        raise NotImplementedError(f"{type(self).__name__} holds no dense precision (dense_cholesky=False)")
+
+    def preconditioner(self, c, prior):
+        """A callable ``R [P, n] -> ~P^{-1} R`` (linear-mode CG preconditioner). Default: the marginal
+        posterior variances (Jacobi); structures with a cheap exact or blockwise inverse override it."""
+        var = self.posterior_variance(c, prior).detach()
+        return lambda R: var[:, None] * R
 
     def posterior_view(self, la):
         """Per-call precomputation for the glm predictive: a callable ``view(la, records, V, diag,
@@ -127,5 +137,6 @@ class Structure:
         raise NotImplementedError
 
     # ---- helpers ---------------------------------------------------------------------------
-    def _randn(self, *shape, generator=None):
+    def randn(self, *shape, generator=None):
+        """``[*shape]`` standard normals on the structure's device and dtype (``sample`` draws through it)."""
         return torch.randn(*shape, generator=generator, device=self.device, dtype=self.dtype)

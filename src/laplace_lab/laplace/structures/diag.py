@@ -52,7 +52,7 @@ class DiagStructure(Structure):
         return self.precision(c, prior).log().sum()
 
     def sample(self, n, c, prior, generator=None):
-        return self._randn(n, self.n_params, generator=generator) * self.precision(c, prior).rsqrt()
+        return self.randn(n, self.n_params, generator=generator) * self.precision(c, prior).rsqrt()
 
     def functional_variance(self, Js, c, prior):
         return torch.einsum("ncp,nkp->nck", Js / self.precision(c, prior), Js)

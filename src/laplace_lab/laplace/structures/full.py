@@ -47,6 +47,7 @@ def _linear_full_block(m: nn.Linear, names, a: torch.Tensor, g: torch.Tensor) ->
 @register
 class FullStructure(Structure):
     name = "full"
+    dense_cholesky = True
 
     def reset(self):
         self._H = None  # allocated on the first accumulate: constructing a Laplace costs no memory
@@ -103,7 +104,7 @@ class FullStructure(Structure):
 
     def sample(self, n, c, prior, generator=None):
         L = self.cholesky(c, prior)
-        z = self._randn(self.n_params, n, generator=generator).double()
+        z = self.randn(self.n_params, n, generator=generator).double()
         return torch.linalg.solve_triangular(L.T, z, upper=True).T.to(self.dtype)
 
     def functional_variance(self, Js, c, prior):
@@ -111,6 +112,11 @@ class FullStructure(Structure):
 
     def posterior_variance(self, c, prior):
         return self.covariance(c, prior).diagonal()
+
+    def preconditioner(self, c, prior):
+        """The dense covariance (the exact inverse)."""
+        S = self.covariance(c, prior).detach()
+        return lambda R: S @ R
 
     def posterior_view(self, la):
         from laplace_lab.laplace.functional_variance import FullView

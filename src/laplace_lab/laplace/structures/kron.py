@@ -59,9 +59,6 @@ class KronBlock:
         ``None`` for an elementwise block (the view then uses ``inv`` as variances)."""
         return None
 
-    def __getitem__(self, key: str):  # read-only dict view for code written against the old dict blocks
-        return self.kind if key == "kind" else getattr(self, key)
-
 
 class KronWeightBlock(KronBlock):
     """``G (x) A`` of a Linear / Conv weight: eigenpairs ``(lamG, QG)``, ``(lamA, QA)``."""
@@ -215,7 +212,7 @@ class KronStructure(Structure):
         return torch.cat(out, -1)
 
     def sample(self, n, c, prior, generator=None):
-        return self._map(self._randn(n, self.n_params, generator=generator), c, prior, -0.5)
+        return self._map(self.randn(n, self.n_params, generator=generator), c, prior, -0.5)
 
     def functional_variance(self, Js, c, prior):
         out, i = 0, 0
@@ -259,6 +256,10 @@ class KronStructure(Structure):
                 else:
                     out.append([raw.get(n, torch.zeros_like(getattr(e.module, n))).reshape(-1)])
         return out
+
+    def preconditioner(self, c, prior):
+        """The KFAC posterior covariance, applied blockwise in the eigenbases."""
+        return lambda R: self.power_map(R.T, c, prior, -1.0).T
 
     def power_map(self, X, c, prior, power):
         """``(c H + diag(prior))^power X`` for ``X`` ``[..., P]`` (blockwise in the eigenbases)."""

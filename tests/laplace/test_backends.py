@@ -1,0 +1,84 @@
+"""Curvature backends (``Laplace(backend=...)``, ``laplace.backends``): every registered backend gives
+the same curvature, loss and marglik as ``auto`` on small models; ``backend=`` parsing (collection
+backend names, laplace-torch's marker classes and curvature names) and its errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from laplace_refs import data, dense_curvature, loader, mlp
+from torch import nn
+
+from laplace_lab.laplace import Laplace
+from laplace_lab.laplace.backends import BACKENDS, backend_names
+from laplace_lab.laplace.compat import CurvlinopsEF
+
+
+def _dense(la):
+    one, zero = torch.ones((), dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
+    return la.structure.dense_precision(one, zero)
+
+
+def _fit(model, X, y, backend, **kw):
+    la = Laplace(model, kw.pop("likelihood", "classification"), subset_of_weights=kw.pop("subset", "all"),
+                 backend=backend, seed=3, **kw)
+    la.fit(loader(X, y, 4))
+    return la
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+@pytest.mark.parametrize("structure", ["kron", "diag", "full"])
+@pytest.mark.parametrize("curvature", ["ggn", "ef", "mc_fisher"])
+def test_every_backend_equals_auto(name, structure, curvature):
+    X, y = data("mlp", "classification")
+    kw = dict(hessian_structure=structure, curvature=curvature)
+    ref = _fit(mlp(), X, y, "auto", **kw)
+    model = mlp()
+    la = _fit(model, X, y, name, **kw)
+    torch.testing.assert_close(_dense(la), _dense(ref), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(la.loss, ref.loss, rtol=1e-12, atol=0)
+    torch.testing.assert_close(la.log_marginal_likelihood(), ref.log_marginal_likelihood(), rtol=1e-10, atol=0)
+    if structure == "full" and curvature == "ggn":  # and both against the dense float64 GGN
+        torch.testing.assert_close(la.H, dense_curvature(model, la, X, y), rtol=1e-9, atol=1e-11)
+
+
+def test_auto_is_the_chain_for_sequential_nets_and_capture_otherwise():
+    X, y = data("mlp", "classification")
+    assert _fit(mlp(), X, y, "auto").chain is not None
+
+    class Residual(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(3, 3), nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.b(torch.tanh(self.a(x)) + x)
+
+    torch.manual_seed(0)
+    model = Residual().double()
+    la = _fit(model, X, y, "auto")
+    assert la.chain is None
+    ref = _fit(model, X, y, "capture")
+    torch.testing.assert_close(_dense(la), _dense(ref), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="backend='chain' does not support this model"):
+        Laplace(model, "classification", subset_of_weights="all", backend="chain").fit(loader(X, y, 4))
+
+
+def test_backend_keyword_parsing():
+    model = mlp()
+    assert set(backend_names()) >= {"auto", "chain", "capture", "lanczos"}
+    la = Laplace(model, "classification", backend=CurvlinopsEF)  # laplace-torch marker: sets the curvature
+    assert (la.curvature, la.backend) == ("ef", "auto")
+    la = Laplace(model, "classification", backend="ef")  # laplace-torch's curvature names still work
+    assert (la.curvature, la.backend) == ("ef", "auto")
+    assert Laplace(model, "classification", backend="capture").backend == "capture"
+    with pytest.raises(ValueError, match=r"backend must be one of .*'auto'.*got 3"):
+        Laplace(model, "classification", backend=3)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        Laplace(model, "classification", backend="asdl")
+    with pytest.raises(ValueError, match="backend='lanczos'.*self-fitting"):
+        Laplace(model, "classification", hessian_structure="kron", backend="lanczos")
+    with pytest.raises(ValueError, match="backend='chain' cannot fit hessian_structure='lowrank'"):
+        Laplace(model, "classification", subset_of_weights="all", hessian_structure="lowrank", backend="chain")
+    assert Laplace(model, "classification", subset_of_weights="all", hessian_structure="lowrank",
+                   backend="lanczos").backend == "lanczos"
