@@ -89,12 +89,15 @@ def _load_peer_script():
 def test_peer_reference_script_runs_one_split(data_dir):
     peer = _load_peer_script()
     assert peer.parse_splits("0-2") == [0, 1, 2] and peer.parse_splits("1,4") == [1, 4]
-    args = SimpleNamespace(lr=1e-2, epochs=3, lr_hyp=0.1, burnin=1, hyper_steps=2, frequency=1)
+    args = SimpleNamespace(lr=1e-2, epochs=3, lr_hyp=0.1, burnin=1, hyper_steps=2, frequency=1, dtype="float32")
     row = peer.run_one("yacht", 0, 0, str(data_dir), args)
-    assert set(row) == set(peer.FIELDS)
+    assert set(row) == set(peer.FIELDS) and row["dtype"] == "float32" and row["error"] == ""
     assert all(math.isfinite(row[k]) for k in ("test_la_ll", "test_map_ll", "sigma_noise", "prior_precision_mean"))
-    text = peer.summary([{k: str(v) for k, v in row.items()}])
-    assert "yacht | 1 |" in text and "metric: test/la/ll" in text
+    failed = peer.failed_row("naval-propulsion-plant", 0, 0, args, RuntimeError("cholesky failed\nmore"))
+    assert set(failed) == set(peer.FIELDS) and failed["error"] == "RuntimeError: cholesky failed"
+    text = peer.summary([{k: str(v) for k, v in r.items()} for r in (row, failed)])
+    assert "yacht | float32 | 1 | 0 |" in text and "metric: test/la/ll" in text
+    assert "naval-propulsion-plant | float32 | 0 | 1 | -" in text and "peer_laplace_torch_naval" not in text
 
 
 def test_adversarial_reuses_the_redux_map_networks():
