@@ -1,0 +1,148 @@
+"""laplace-torch behaviours of issue 18 beyond the API items of ``test_laplace_torch_api``: each checked
+against laplace-torch on the same model (float64) where it has the behaviour, else against a dense
+reference."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from laplace_refs import loader, mlp
+
+from laplace_lab.laplace import Laplace
+
+laplace_torch = pytest.importorskip("laplace")
+DT = torch.float64
+
+
+def _data(n=12, d_in=3, d_out=2, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d_in, generator=g, dtype=DT), torch.randn(n, d_out, generator=g, dtype=DT)
+
+
+@pytest.mark.parametrize("lik", ["classification", "regression"])
+def test_nn_predictive_needs_mc_link_like_laplace_torch(lik):
+    """laplace-torch's default link_approx is "probit" and pred_type="nn" accepts only "mc"."""
+    model = mlp(d_out=2)
+    X, y = _data()
+    if lik == "classification":
+        y = y[:, 0].gt(0).long()
+    ours = Laplace(model, lik, "all", "diag")
+    ours.fit(loader(X, y))
+    theirs = laplace_torch.Laplace(model, lik, subset_of_weights="all", hessian_structure="diag")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs.fit(loader(X, y))
+    for la in (ours, theirs):
+        with pytest.raises(ValueError):
+            la(X, pred_type="nn", n_samples=3)
+        with pytest.raises(ValueError):
+            la(X, pred_type="nn", link_approx="probit", n_samples=3)
+    with pytest.raises(ValueError, match="link_approx must be 'mc'"):
+        ours(X, pred_type="nn")
+    out = ours(X, pred_type="nn", link_approx="mc", n_samples=3)
+    assert (out[0] if isinstance(out, tuple) else out).shape == (len(X), 2)
+    ours(X, pred_type="nn", link_approx=None, n_samples=3)  # None: the natural link of the pred_type
+
+
+def test_config_rejects_nn_with_a_closed_form_link():
+    from laplace_lab.config_validation import validate_laplace_config
+    from tests.conftest import compose_config
+
+    validate_laplace_config(compose_config(["predictive=nn_mc"]))
+    with pytest.raises(ValueError, match=r"predictive.pred_type='nn'.*predictive.link_approx='mc'; got 'probit'"):
+        validate_laplace_config(compose_config(["predictive=nn_mc", "predictive.link_approx=probit"]))
+
+
+@pytest.mark.parametrize("structure", ["full", "kron", "diag"])
+def test_mean_and_log_prob_before_fit_are_the_prior(structure):
+    """Before ``fit``: ``mean`` is the prior mean and ``log_prob`` the prior density (laplace-torch)."""
+    model = mlp(d_out=2)
+    mu0 = 0.1 * torch.randn(sum(p.numel() for p in model.parameters()), generator=torch.Generator().manual_seed(0),
+                            dtype=DT)
+    ours = Laplace(model, "classification", "all", structure, prior_precision=0.7, prior_mean=mu0)
+    theirs = laplace_torch.Laplace(model, "classification", subset_of_weights="all", hessian_structure=structure,
+                                   prior_precision=0.7, prior_mean=mu0)
+    torch.testing.assert_close(ours.mean, mu0)
+    theta = torch.randn(ours.n_params, generator=torch.Generator().manual_seed(1), dtype=DT)
+    dense = torch.distributions.Normal(mu0, math.sqrt(1 / 0.7)).log_prob(theta).sum()
+    torch.testing.assert_close(ours.log_prob(theta), dense)
+    torch.testing.assert_close(ours.log_prob(theta), theirs.log_prob(theta))
+    torch.testing.assert_close(ours.log_prob(theta, normalized=False), -0.5 * 0.7 * (theta - mu0).square().sum())
+    X, y = _data()
+    ours.fit(loader(X, y[:, 0].gt(0).long()))
+    torch.testing.assert_close(ours.mean, torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+
+
+@pytest.mark.parametrize("structure", ["full", "kron", "diag"])
+def test_flat_state_dict_round_trip(structure, tmp_path):
+    """``state_dict`` is flat (no nested dicts: laplace-torch's no-pickle rule) and round-trips through
+    ``torch.save`` / ``torch.load(weights_only=True)``; the earlier nested format still loads."""
+    model = mlp(d_out=2)
+    X, y = _data()
+    la = Laplace(model, "regression", "all", structure, sigma_noise=0.8, prior_precision=2.0)
+    la.fit(loader(X, y))
+    sd = la.state_dict()
+    assert all(v is None or isinstance(v, (list, tuple, int, float, str, bool, torch.Tensor)) for v in sd.values())
+    torch.save(sd, tmp_path / "la.pt")
+    la2 = Laplace(model, "regression", "all", structure)
+    la2.load_state_dict(torch.load(tmp_path / "la.pt", weights_only=True))
+    for a, b in zip(la(X), la2(X)):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(la.log_marginal_likelihood(), la2.log_marginal_likelihood())
+    config = ("likelihood", "subset_of_weights", "hessian_structure", "curvature", "prior_structure", "n_mc_samples",
+              "n_params")
+    nested = {k: v for k, v in sd.items() if k not in config and not k.startswith("structure.")}
+    nested["config"] = {k: sd[k] for k in config}
+    nested["structure"] = {k[len("structure."):]: v for k, v in sd.items() if k.startswith("structure.")}
+    la3 = Laplace(model, "regression", "all", structure)
+    la3.load_state_dict(nested)
+    torch.testing.assert_close(la3.log_marginal_likelihood(), la.log_marginal_likelihood())
+    with pytest.raises(ValueError, match="does not match"):
+        Laplace(model, "regression", "all", "diag" if structure != "diag" else "full").load_state_dict(sd)
+
+
+def test_regression_targets_must_match_the_output_shape():
+    """``[N]`` targets for ``[N, 1]`` outputs: laplace-torch raises ``ValueError``; so do we (before any work)."""
+    model = mlp(d_out=1)
+    X, y = _data(d_out=1)
+    for make in (lambda: Laplace(model, "regression", "all", "kron"),
+                 lambda: laplace_torch.Laplace(model, "regression", subset_of_weights="all", hessian_structure="kron")):
+        with pytest.raises(ValueError):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                make().fit(loader(X, y[:, 0]))
+    la = Laplace(model, "regression", "all", "kron")
+    with pytest.raises(ValueError, match=r"y \(12,\) for output \(12, 1\)"):
+        la.fit(loader(X, y[:, 0], 12))
+    la.fit(loader(X, y))  # [N, 1] targets: fine
+
+
+@pytest.mark.parametrize("structure", ["full", "kron", "diag"])
+def test_likelihood_changed_after_fit_keeps_the_posterior(structure):
+    """laplace-torch: ``la.likelihood = "classification"`` after a regression fit leaves the functional
+    samples unchanged (the curvature scale stays ``1 / sigma^2``); both libraries agree."""
+    model = mlp(d_out=2)
+    X, y = _data()
+    ours = Laplace(model, "regression", "all", structure, sigma_noise=0.3, prior_precision=0.7)
+    ours.fit(loader(X, y))
+    theirs = laplace_torch.Laplace(model, "regression", subset_of_weights="all", hessian_structure=structure,
+                                   sigma_noise=0.3, prior_precision=0.7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs.fit(loader(X, y))
+    before = ours.functional_samples(X, n_samples=50, generator=torch.Generator().manual_seed(4))
+    v_before = ours(X, diagonal_output=True)[1]
+    ours.likelihood = theirs.likelihood = "classification"
+    after = ours.functional_samples(X, n_samples=50, generator=torch.Generator().manual_seed(4))
+    torch.testing.assert_close(after, before)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(ours(X), theirs(X, pred_type="glm", link_approx="probit"))
+    probs = ours(X)  # the predictive now follows the new likelihood, with the same latent variance
+    f = model(X).detach()
+    torch.testing.assert_close(probs, torch.softmax(f / torch.sqrt(1 + math.pi / 8 * v_before), -1))
+    with pytest.raises(ValueError, match="likelihood"):
+        ours.likelihood = "poisson"
