@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 from laplace_refs import loader, mlp
+from torch import nn
 
 from laplace_lab.laplace import Laplace
 
@@ -146,3 +147,104 @@ def test_likelihood_changed_after_fit_keeps_the_posterior(structure):
     torch.testing.assert_close(probs, torch.softmax(f / torch.sqrt(1 + math.pi / 8 * v_before), -1))
     with pytest.raises(ValueError, match="likelihood"):
         ours.likelihood = "poisson"
+
+
+# ------------------------------------------------------------------ laplace-torch's internals, adapted
+def _ll_pair(flavour, lik="regression", **kw):
+    from laplace_lab.laplace import compat
+
+    model = mlp(d_out=2)
+    X, y = _data()
+    if lik == "classification":
+        y = y[:, 0].gt(0).long()
+    ours = getattr(compat, flavour)(model, lik, **kw)
+    theirs = getattr(laplace_torch, flavour)(model, lik, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours.fit(loader(X, y))
+        theirs.fit(loader(X, y))
+    return model, X, ours, theirs
+
+
+def test_feature_extractor_features_and_last_layer_search():
+    from laplace_lab.laplace.compat import FeatureExtractor
+
+    model = mlp(d_out=2)
+    X, _ = _data()
+    fe = FeatureExtractor(model)
+    out, phi = fe.forward_with_features(X)  # first call finds the last layer: the last leaf module run
+    assert fe.last_layer is model[-1]
+    torch.testing.assert_close(out, model(X))
+    torch.testing.assert_close(phi, model[:-1](X))
+    ref = laplace_torch.utils.FeatureExtractor(model)
+    torch.testing.assert_close(phi, ref.forward_with_features(X)[1])
+    assert not phi.requires_grad and FeatureExtractor(model, "4", enable_backprop=True).forward_with_features(X)[1].requires_grad
+    with pytest.raises(ValueError, match="last_layer_name='nope'"):
+        FeatureExtractor(model, last_layer_name="nope")
+    with pytest.raises(ValueError, match="nn.Linear"):
+        FeatureExtractor(model, last_layer_name="1")
+    with pytest.raises(ValueError, match="feature_reduction"):
+        FeatureExtractor(model, feature_reduction="max")
+
+
+@pytest.mark.parametrize("reduction", ["pick_first", "pick_last", "average"])
+def test_feature_reduction_of_sequence_features(reduction):
+    from laplace_lab.laplace.compat import FeatureExtractor
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).to(DT)
+    X = torch.randn(5, 6, 3, generator=torch.Generator().manual_seed(0), dtype=DT)  # [B, sequence, features]
+    h = model[:-1](X)
+    expected = {"pick_first": h[:, 0], "pick_last": h[:, -1], "average": h.mean(1)}[reduction]
+    phi = FeatureExtractor(model, "2", feature_reduction=reduction).forward_with_features(X)[1]
+    torch.testing.assert_close(phi, expected)
+    theirs = laplace_torch.utils.FeatureExtractor(model, "2", feature_reduction=reduction)
+    torch.testing.assert_close(phi, theirs.forward_with_features(X)[1])
+
+
+@pytest.mark.parametrize("flavour", ["FullLLLaplace", "DiagLLLaplace", "KronLLLaplace"])
+def test_backend_jacobians_and_functional_variance_fast(flavour):
+    model, X, ours, theirs = _ll_pair(flavour)
+    Js, f = ours.backend.last_layer_jacobians(X)
+    Js_t, f_t = theirs.backend.last_layer_jacobians(X)
+    torch.testing.assert_close(Js, Js_t)
+    torch.testing.assert_close(f, f_t)
+    fm, fv = ours.functional_variance_fast(X)
+    torch.testing.assert_close(fm, model(X).detach())
+    torch.testing.assert_close(fv, ours.functional_variance(Js).diagonal(dim1=1, dim2=2))
+    if flavour != "KronLLLaplace":  # laplace-torch has no kron version
+        torch.testing.assert_close(fv, theirs.functional_variance_fast(X)[1])
+    with pytest.raises(ValueError, match="last_layer"):
+        _ll_pair("DiagLaplace")[2].backend.last_layer_jacobians(X)
+
+
+@pytest.mark.parametrize("flavour", ["FullLaplace", "KronLaplace", "DiagLaplace", "FullLLLaplace", "KronLLLaplace"])
+def test_H_views_before_and_after_fit(flavour):
+    from laplace_lab.laplace import compat
+
+    model = mlp(d_out=2)
+    kw = {"last_layer_name": "4"} if "LL" in flavour else {}
+    ours = getattr(compat, flavour)(model, "regression", **kw)
+    theirs = getattr(laplace_torch, flavour)(model, "regression", **kw)
+    if "Kron" in flavour:
+        assert [[k.shape for k in f] for f in ours.H.kfacs] == [[k.shape for k in f] for f in theirs.H.kfacs]
+        assert all(bool((k == 0).all()) for f in ours.H.kfacs for k in f)
+    else:
+        torch.testing.assert_close(ours.H, theirs.H)  # zeros of laplace-torch's shape
+    X, y = _data()
+    for la in (ours, theirs):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            la.fit(loader(X, y))
+    if "Kron" in flavour:
+        assert isinstance(ours.H, compat.KronDecomposed)
+        torch.testing.assert_close(ours.H.to_matrix(), theirs.H.to_matrix(), rtol=1e-8, atol=1e-10)
+        torch.testing.assert_close(ours.H_facs.to_matrix(), theirs.H_facs.to_matrix(), rtol=1e-8, atol=1e-10)
+        H = ours.H.to_matrix()
+    else:
+        torch.testing.assert_close(ours.H, theirs.H, rtol=1e-6, atol=1e-10)
+        H = ours.H.clone()
+    if "LL" not in flavour:  # online fit (override=False) adds up
+        ours.fit(loader(X, y), override=False)
+        torch.testing.assert_close(ours.H.to_matrix() if "Kron" in flavour else ours.H, 2 * H)
+    ours._init_H()
+    assert not ours.fitted

@@ -6,12 +6,45 @@
 ``subset_of_weights`` / ``hessian_structure`` fixed; every other keyword is ``Laplace``'s.
 The backend classes (``CurvlinopsGGN``, ``AsdlEF``, ...) are markers for ``Laplace(backend=...)``:
 each names the curvature (``ggn`` | ``ef``) the engine computes itself; they run no third-party code.
+laplace-torch's views of a flavour object: ``la.backend`` (``jacobians``, ``last_layer_jacobians``),
+``la.H`` before ``fit`` (zeros: ``[P, P]`` full, ``[P]`` diag, a ``Kron`` of zero factors for kron; built
+when read, nothing is allocated at construction) and, for kron after ``fit``, the curvature alone as a
+``KronDecomposed`` (= the engine's ``KronPrecision`` view) with ``to_matrix()``; ``_init_H()`` empties
+the curvature; ``functional_variance_fast(X)`` the diagonal GLM functional variance. Utilities:
+``FeatureExtractor``, ``Kron``, ``KronDecomposed``.
 Deliberate deviations from laplace-torch are listed in ``docs/laplace_torch_compat.md``.
 """
 
 from __future__ import annotations
 
+import torch
+
+from laplace_lab.laplace import predictive
+from laplace_lab.laplace.compat_features import FeatureExtractor
+from laplace_lab.laplace.compat_matrix import Kron
 from laplace_lab.laplace.laplace import Laplace as _Laplace
+from laplace_lab.laplace.structures.kron import KronPrecision as KronDecomposed
+
+
+class BackendView:
+    """laplace-torch's ``la.backend`` Jacobian methods, computed by the engine (dense ``torch.func``,
+    for small models): ``(Js [B, C, P], f [B, C])`` w.r.t. the Laplace object's weights."""
+
+    def __init__(self, la: _Laplace):
+        self.la = la
+
+    def jacobians(self, x, enable_backprop: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        Js, f = self.la.jacobians(x)
+        if enable_backprop:
+            with torch.enable_grad():
+                f = self.la.model(x).reshape(Js.shape[0], -1)
+            return Js, f
+        return Js.detach(), f.detach()
+
+    def last_layer_jacobians(self, x, enable_backprop: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.la.subset_of_weights != "last_layer":
+            raise ValueError("last_layer_jacobians needs subset_of_weights='last_layer'; use jacobians(x)")
+        return self.jacobians(x, enable_backprop)
 
 
 class _Flavour(_Laplace):
@@ -25,11 +58,51 @@ class _Flavour(_Laplace):
         super().__init__(model, likelihood, subset_of_weights=self.subset_of_weights_default,
                          hessian_structure=self.hessian_structure_default, **kwargs)
 
+    @property
+    def backend(self) -> BackendView:
+        """laplace-torch's curvature-backend object: here its Jacobian methods (``BackendView``)."""
+        return BackendView(self)
+
+    @backend.setter
+    def backend(self, value) -> None:  # the engine may keep its backend option under this name
+        self.__dict__["_backend_option"] = value
+
+    def _init_H(self) -> None:
+        """laplace-torch's internal: empty the curvature (and loss, ``n_data``); not fitted afterwards."""
+        self.reset_accumulators()
+
+    def functional_variance_fast(self, X) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(f_mu [B, C], f_var [B, C])``: the GLM functional variance's diagonal (every structure;
+        laplace-torch has it for last-layer full and diag)."""
+        return predictive.glm_moments(self, X, diag=True)
+
+
+class _FullH:
+    @property
+    def H(self) -> torch.Tensor:
+        """``[P, P]``; zeros before ``fit`` (allocated when read, as laplace-torch shows it)."""
+        H = _Laplace.H.fget(self)
+        return H if H is not None else torch.zeros(self.n_params, self.n_params, device=self.device, dtype=self.dtype)
+
+
+class _KronH:
+    @property
+    def H(self):
+        """Before ``fit``: a ``Kron`` of zero factors; after: the curvature alone (no prior, scale 1) as
+        a ``KronDecomposed`` view with ``to_matrix()`` / ``logdet()`` (laplace-torch's types)."""
+        if not self.fitted:
+            return Kron.zeros_like_params(self.params)
+        one = torch.ones((), device=self.device, dtype=self.dtype)
+        return self.structure.precision(one, torch.zeros(1, device=self.device, dtype=self.dtype))
+
+
+_H_VIEWS = {"full": (_FullH,), "kron": (_KronH,)}
+
 
 def _flavour(name: str, subset: str, structure: str) -> type:
-    return type(name, (_Flavour,), {"subset_of_weights_default": subset, "hessian_structure_default": structure,
-                                    "__doc__": f"``Laplace(subset_of_weights={subset!r}, "
-                                               f"hessian_structure={structure!r})``."})
+    return type(name, (*_H_VIEWS.get(structure, ()), _Flavour),
+                {"subset_of_weights_default": subset, "hessian_structure_default": structure,
+                 "__doc__": f"``Laplace(subset_of_weights={subset!r}, hessian_structure={structure!r})``."})
 
 
 FullLaplace = _flavour("FullLaplace", "all", "full")
@@ -71,7 +144,8 @@ BackPackGGN, BackPackEF = _backend("BackPackGGN", "ggn"), _backend("BackPackEF",
 
 __all__ = ["Laplace", "Engine", "BaseLaplace", "ParametricLaplace", "LLLaplace", "FullLaplace", "KronLaplace",
            "DiagLaplace", "LowRankLaplace", "FullLLLaplace", "KronLLLaplace", "DiagLLLaplace",
-           "CurvatureBackend", "CurvlinopsGGN", "CurvlinopsEF", "AsdlGGN", "AsdlEF", "BackPackGGN", "BackPackEF"]
+           "CurvatureBackend", "CurvlinopsGGN", "CurvlinopsEF", "AsdlGGN", "AsdlEF", "BackPackGGN", "BackPackEF",
+           "BackendView", "FeatureExtractor", "Kron", "KronDecomposed"]
 
 from laplace_lab.laplace.options import (  # noqa: E402  (laplace-torch exposes its enums here too)
     FeatureReduction,

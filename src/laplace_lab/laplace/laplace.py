@@ -19,6 +19,7 @@ from torch import nn
 from laplace_lab.laplace import predictive
 from laplace_lab.laplace.capture import Capture, has_inplace_modules
 from laplace_lab.laplace.chain import Chain
+from laplace_lab.laplace.compat_matrix import Kron
 from laplace_lab.laplace.curvature import CURVATURES, output_factors
 from laplace_lab.laplace.likelihoods import LIKELIHOODS, get_likelihood
 from laplace_lab.laplace.matrix_free import lowrank as _lowrank  # noqa: F401  (registers "lowrank")
@@ -598,8 +599,9 @@ class Laplace:
     @property
     def H_facs(self):
         """kron: the un-decomposed curvature factors, per parameter tensor ``[G, A]`` (weights of Linear /
-        Conv layers, ``H ~= G (x) A``), ``[G]`` (their biases) or ``[h]`` (diagonal blocks)."""
-        return self._structure.factors
+        Conv layers, ``H ~= G (x) A``), ``[G]`` (their biases) or ``[h]`` (diagonal blocks), as a
+        ``compat_matrix.Kron`` list (laplace-torch's ``to_matrix()``, ``clone()``)."""
+        return Kron(self._structure.factors)
 
     def sample(self, n_samples: int = 100, generator: torch.Generator | None = None) -> torch.Tensor:
         """``[n_samples, P]`` draws from ``N(mean, P^{-1})``."""
