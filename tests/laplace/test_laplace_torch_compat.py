@@ -248,3 +248,52 @@ def test_H_views_before_and_after_fit(flavour):
         torch.testing.assert_close(ours.H.to_matrix() if "Kron" in flavour else ours.H, 2 * H)
     ours._init_H()
     assert not ours.fitted
+
+
+@pytest.mark.parametrize("flavour", ["FullLLLaplace", "KronLLLaplace", "DiagLLLaplace"])
+def test_last_layer_found_during_fit(flavour):
+    """laplace-torch: without ``last_layer_name`` the last layer is found by the first forward of ``fit``;
+    before it ``mean`` and ``H`` are ``None`` and a full-model ``prior_mean`` is not checked yet."""
+    from laplace_lab.laplace import compat
+
+    model = mlp(d_out=2)
+    X, y = _data()
+    y = y[:, 0].gt(0).long()
+    P_all = sum(p.numel() for p in model.parameters())
+    lazy = getattr(compat, flavour)(model, "classification", prior_precision=0.5, prior_mean=torch.zeros(P_all))
+    assert lazy.mean is None and lazy.H is None and lazy.n_params is None
+    assert lazy.prior_precision == 0.5 and lazy.prior_mean.shape == (P_all,)
+    with pytest.raises(AttributeError, match="before fit"):
+        lazy.log_marginal_likelihood()
+    with pytest.raises(ValueError, match="prior_mean"):
+        lazy.fit(loader(X, y))  # checked once the last layer (and n_params) is known
+    ours = getattr(compat, flavour)(model, "classification", prior_precision=0.5)
+    ours.fit(loader(X, y))
+    assert ours.entries[0].module is model[-1]
+    eager = getattr(compat, flavour)(model, "classification", prior_precision=0.5, last_layer_name="4")
+    eager.fit(loader(X, y))
+    theirs = getattr(laplace_torch, flavour)(model, "classification", prior_precision=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs.fit(loader(X, y))
+    torch.testing.assert_close(ours.log_marginal_likelihood(), eager.log_marginal_likelihood())
+    torch.testing.assert_close(ours.log_marginal_likelihood(), theirs.log_marginal_likelihood(), rtol=1e-8, atol=1e-8)
+    torch.testing.assert_close(ours.mean, theirs.mean)
+
+
+def test_predictive_chunks_inputs_by_default():
+    """``la(X)`` runs the model on at most 256 inputs at a time without the caller passing ``chunk_size``
+    (issue 18: 10k MNIST-sized inputs must not hold all activations and Jacobian blocks at once)."""
+    model = mlp(d_out=2)
+    X, y = _data(n=600)
+    la = Laplace(model, "classification", "all", "kron")
+    la.fit(loader(X[:20], y[:20, 0].gt(0).long()))
+    sizes = []
+    handle = model[0].register_forward_hook(lambda m, a, o: sizes.append(a[0].shape[0]))
+    try:
+        p = la(X)
+        la(X, pred_type="nn", link_approx="mc", n_samples=2)
+    finally:
+        handle.remove()
+    assert max(sizes) <= 256 and sum(sizes) >= 2 * 600
+    torch.testing.assert_close(p, la(X, chunk_size=None))  # chunking does not change the result

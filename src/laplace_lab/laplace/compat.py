@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from laplace_lab.laplace import predictive
-from laplace_lab.laplace.compat_features import FeatureExtractor
+from laplace_lab.laplace.compat_features import FeatureExtractor, last_module_run
 from laplace_lab.laplace.compat_matrix import Kron
 from laplace_lab.laplace.laplace import Laplace as _Laplace
 from laplace_lab.laplace.structures.kron import KronPrecision as KronDecomposed
@@ -55,8 +55,54 @@ class _Flavour(_Laplace):
         for key in ("subset_of_weights", "hessian_structure"):
             if key in kwargs:
                 raise TypeError(f"{type(self).__name__} fixes {key}; use Laplace(...) to choose it")
+        if self.subset_of_weights_default == "last_layer" and kwargs.get("last_layer_name") is None:
+            self._defer(model, likelihood, kwargs)
+            return
         super().__init__(model, likelihood, subset_of_weights=self.subset_of_weights_default,
                          hessian_structure=self.hessian_structure_default, **kwargs)
+
+    # ---- laplace-torch's lazy last layer: found by the first forward of fit ------------------------------
+    def _defer(self, model, likelihood, kwargs: dict) -> None:
+        """No last layer yet: keep the options (``prior_mean`` / ``prior_precision`` unchecked until
+        ``fit``, as laplace-torch); ``mean``, ``H``, ``n_params``, ``n_layers`` are ``None``."""
+        self.__dict__["_deferred"] = (likelihood, dict(kwargs))
+        self.model, self.likelihood = model, likelihood
+        self.mean = self.n_params = self.n_layers = None
+        self.temperature = float(kwargs.get("temperature", 1.0))
+        self._prior_precision = kwargs.get("prior_precision", 1.0)
+        self._prior_mean = kwargs.get("prior_mean", 0.0)
+        self._sigma_noise = kwargs.get("sigma_noise", 1.0)
+        self.dict_key_x, self.dict_key_y = kwargs.get("dict_key_x", "input_ids"), kwargs.get("dict_key_y", "labels")
+        self.enable_backprop = bool(kwargs.get("enable_backprop", False))
+        self.feature_reduction = kwargs.get("feature_reduction")
+
+    def __getattr__(self, name):  # only reached for attributes that do not exist
+        if "_deferred" in self.__dict__ and self.__dict__["_deferred"] is not None:
+            raise AttributeError(f"{name!r} is not available before fit(): the last layer is found by the first "
+                                 "forward of fit (pass last_layer_name to construct it eagerly)")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def fit(self, train_loader, override: bool = True, progress_bar: bool = False) -> None:
+        deferred = self.__dict__.get("_deferred")
+        if deferred is not None:
+            likelihood, kwargs = deferred
+            X, _ = self.unpack_batch(next(iter(train_loader)))
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                with torch.no_grad():
+                    name = last_module_run(self.model, X)[0]
+            finally:
+                self.model.train(was_training)
+            self.__dict__["_deferred"] = None
+            super().__init__(self.model, likelihood, subset_of_weights=self.subset_of_weights_default,
+                             hessian_structure=self.hessian_structure_default, **{**kwargs, "last_layer_name": name})
+        super().fit(train_loader, override=override, progress_bar=progress_bar)
+
+    @property
+    def H(self):
+        """The engine's ``H``; ``None`` while the last layer is not known (laplace-torch)."""
+        return None if self.__dict__.get("_deferred") is not None else _Laplace.H.fget(self)
 
     @property
     def backend(self) -> BackendView:
@@ -79,8 +125,11 @@ class _Flavour(_Laplace):
 
 class _FullH:
     @property
-    def H(self) -> torch.Tensor:
-        """``[P, P]``; zeros before ``fit`` (allocated when read, as laplace-torch shows it)."""
+    def H(self) -> torch.Tensor | None:
+        """``[P, P]``; zeros before ``fit`` (allocated when read, as laplace-torch shows it); ``None``
+        while the last layer is not known."""
+        if self.__dict__.get("_deferred") is not None:
+            return None
         H = _Laplace.H.fget(self)
         return H if H is not None else torch.zeros(self.n_params, self.n_params, device=self.device, dtype=self.dtype)
 
@@ -89,7 +138,10 @@ class _KronH:
     @property
     def H(self):
         """Before ``fit``: a ``Kron`` of zero factors; after: the curvature alone (no prior, scale 1) as
-        a ``KronDecomposed`` view with ``to_matrix()`` / ``logdet()`` (laplace-torch's types)."""
+        a ``KronDecomposed`` view with ``to_matrix()`` / ``logdet()`` (laplace-torch's types); ``None``
+        while the last layer is not known."""
+        if self.__dict__.get("_deferred") is not None:
+            return None
         if not self.fitted:
             return Kron.zeros_like_params(self.params)
         one = torch.ones((), device=self.device, dtype=self.dtype)

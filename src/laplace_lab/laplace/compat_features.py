@@ -29,6 +29,30 @@ def reduce_features(phi: torch.Tensor, reduction: str | None) -> torch.Tensor:
     return rows.mean(1)
 
 
+def last_module_run(model: nn.Module, x) -> tuple[str, torch.Tensor | None, torch.Tensor]:
+    """One forward of ``model`` on ``x`` recording which leaf modules run: ``(name of the last one,
+    its input, the model's output)`` (laplace-torch's last-layer search)."""
+    ran: list[tuple[str, torch.Tensor | None]] = []
+    leaves = [(n, m) for n, m in model.named_modules() if n and not any(True for _ in m.children())]
+    if not leaves:
+        raise ValueError("the model has no submodules: name its last layer with last_layer_name")
+
+    def hook(name):
+        def record(module, args, output):
+            ran.append((name, args[0] if args and isinstance(args[0], torch.Tensor) else None))
+        return record
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in leaves]
+    try:
+        out = model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    if not ran:
+        raise ValueError("no submodule ran in the model's forward: name its last layer with last_layer_name")
+    return (*ran[-1], out)
+
+
 class FeatureExtractor(nn.Module):
     """The model's output together with its last layer's input (see the module docstring)."""
 
@@ -70,25 +94,7 @@ class FeatureExtractor(nn.Module):
         Returns the model's output."""
         if self.last_layer is not None:
             raise ValueError(f"the last layer is already set ({self.last_layer_name!r})")
-        ran: list[tuple[str, torch.Tensor | None]] = []
-        leaves = [(n, m) for n, m in self.model.named_modules() if n and not any(True for _ in m.children())]
-        if not leaves:
-            raise ValueError("the model has no submodules: name its last layer with last_layer_name")
-
-        def hook(name):
-            def record(module, args, output):
-                ran.append((name, args[0] if args and isinstance(args[0], torch.Tensor) else None))
-            return record
-
-        handles = [m.register_forward_hook(hook(n)) for n, m in leaves]
-        try:
-            out = self.model(x)
-        finally:
-            for h in handles:
-                h.remove()
-        if not ran:
-            raise ValueError("no submodule ran in the model's forward: name its last layer with last_layer_name")
-        name, phi = ran[-1]
+        name, phi, out = last_module_run(self.model, x)
         self.set_last_layer(name)
         self._features = None if phi is None else (phi if self.enable_backprop else phi.detach())
         return out
@@ -104,4 +110,4 @@ class FeatureExtractor(nn.Module):
         return out, reduce_features(self._features, self.feature_reduction)
 
 
-__all__ = ["FeatureExtractor", "reduce_features"]
+__all__ = ["FeatureExtractor", "last_module_run", "reduce_features"]
