@@ -297,3 +297,44 @@ def test_predictive_chunks_inputs_by_default():
         handle.remove()
     assert max(sizes) <= 256 and sum(sizes) >= 2 * 600
     torch.testing.assert_close(p, la(X, chunk_size=None))  # chunking does not change the result
+
+
+class _RewardModel(nn.Module):
+    """laplace-torch's reward-modelling convention: ``[B, 2, D]`` pairs -> ``[B, 2]`` logits when fitting,
+    ``[B, D]`` -> ``[B, 1]`` rewards when predicting."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(3, 6), nn.Tanh(), nn.Linear(6, 1)).double()
+
+    def forward(self, x):
+        return self.net(x)[..., 0] if x.ndim == 3 else self.net(x)
+
+
+@pytest.mark.parametrize("flavour", ["KronLaplace", "DiagLaplace"])
+def test_reward_modeling_matches_laplace_torch(flavour):
+    from laplace_lab.laplace import compat
+
+    model = _RewardModel()
+    g = torch.Generator().manual_seed(3)
+    X, y, Xt = torch.randn(10, 2, 3, generator=g, dtype=DT), torch.randint(2, (10,), generator=g), torch.randn(
+        7, 3, generator=g, dtype=DT)
+    ours = getattr(compat, flavour)(model, "reward_modeling", prior_precision=0.8)
+    theirs = getattr(laplace_torch, flavour)(model, "reward_modeling", prior_precision=0.8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours.fit(loader(X, y, 5))
+        theirs.fit(loader(X, y, 5))
+        m_t, v_t = theirs(Xt, pred_type="glm")
+        p_t = theirs(X, pred_type="glm", fitting=True)
+    assert ours.reward_modeling and ours.likelihood == "classification"
+    torch.testing.assert_close(ours.log_marginal_likelihood(), theirs.log_marginal_likelihood(), rtol=1e-8, atol=1e-8)
+    m, v = ours(Xt)  # regression predictive of the reward: [B, 1], [B, 1, 1]
+    torch.testing.assert_close(m, m_t)
+    torch.testing.assert_close(v, v_t, rtol=1e-6, atol=1e-10)
+    torch.testing.assert_close(ours(X, fitting=True), p_t, rtol=1e-6, atol=1e-10)  # pair probabilities
+    m_nn, v_nn = ours(Xt, pred_type="nn", link_approx="mc", n_samples=5)
+    assert m_nn.shape == v_nn.shape == (7, 1)
+    assert ours.likelihood == "classification"  # restored after each predictive call
+    ours.optimize_prior_precision(method="gridsearch", val_loader=loader(X, y, 5), grid_size=3)

@@ -17,6 +17,8 @@ Deliberate deviations from laplace-torch are listed in ``docs/laplace_torch_comp
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from laplace_lab.laplace import predictive
@@ -55,6 +57,9 @@ class _Flavour(_Laplace):
         for key in ("subset_of_weights", "hessian_structure"):
             if key in kwargs:
                 raise TypeError(f"{type(self).__name__} fixes {key}; use Laplace(...) to choose it")
+        self.__dict__["_reward"] = likelihood == "reward_modeling"
+        if self.__dict__["_reward"]:  # fit (and marglik, gridsearch) as classification, predict as regression
+            likelihood = "classification"
         if self.subset_of_weights_default == "last_layer" and kwargs.get("last_layer_name") is None:
             self._defer(model, likelihood, kwargs)
             return
@@ -98,6 +103,44 @@ class _Flavour(_Laplace):
             super().__init__(self.model, likelihood, subset_of_weights=self.subset_of_weights_default,
                              hessian_structure=self.hessian_structure_default, **{**kwargs, "last_layer_name": name})
         super().fit(train_loader, override=override, progress_bar=progress_bar)
+
+    # ---- laplace-torch's reward modelling: a classification fit, a regression predictive ----------------
+    @property
+    def reward_modeling(self) -> bool:
+        """Constructed with ``likelihood="reward_modeling"`` (``likelihood`` then reads "classification",
+        the likelihood of the fit; ``la(x)`` is the regression predictive unless ``fitting=True``)."""
+        return bool(self.__dict__.get("_reward"))
+
+    @contextlib.contextmanager
+    def _predicting_as(self, likelihood: str):
+        kept = self.likelihood
+        self.likelihood = likelihood
+        try:
+            yield
+        finally:
+            self.likelihood = kept
+
+    def __call__(self, x, pred_type="glm", joint=False, link_approx="probit", n_samples=100, diagonal_output=False,
+                 generator=None, fitting=False, **kwargs):
+        if not self.reward_modeling or fitting or self.__dict__.get("_tuning"):
+            return super().__call__(x, pred_type, joint, link_approx, n_samples, diagonal_output, generator,
+                                    fitting and not self.reward_modeling, **kwargs)
+        with self._predicting_as("regression"):
+            return super().__call__(x, pred_type, joint, link_approx, n_samples, diagonal_output, generator, **kwargs)
+
+    def predictive_samples(self, x, *args, **kwargs) -> torch.Tensor:
+        if not self.reward_modeling:
+            return super().predictive_samples(x, *args, **kwargs)
+        with self._predicting_as("regression"):
+            return super().predictive_samples(x, *args, **kwargs)
+
+    def optimize_prior_precision(self, *args, **kwargs) -> None:
+        """The engine's; with reward modelling the grid search scores the classification predictive."""
+        self.__dict__["_tuning"] = True
+        try:
+            super().optimize_prior_precision(*args, **kwargs)
+        finally:
+            self.__dict__["_tuning"] = False
 
     @property
     def H(self):
