@@ -338,3 +338,26 @@ def test_reward_modeling_matches_laplace_torch(flavour):
     assert m_nn.shape == v_nn.shape == (7, 1)
     assert ours.likelihood == "classification"  # restored after each predictive call
     ours.optimize_prior_precision(method="gridsearch", val_loader=loader(X, y, 5), grid_size=3)
+
+
+@pytest.mark.parametrize("flavour", ["FullLLLaplace", "KronLLLaplace", "DiagLLLaplace"])
+def test_last_layer_state_dict_names_the_layer(flavour, tmp_path):
+    """A last-layer flavour still searching its last layer loads a saved state (the name is in the
+    flat dict); one built for another last layer, or another likelihood, refuses it."""
+    from laplace_lab.laplace import compat
+
+    model = mlp(d_out=2)
+    X, y = _data()
+    la = getattr(compat, flavour)(model, "regression", sigma_noise=0.6)
+    la.fit(loader(X, y))
+    sd = la.state_dict()
+    assert sd["last_layer_name"] == "4"
+    torch.save(sd, tmp_path / "la.pt")
+    lazy = getattr(compat, flavour)(model, "regression")
+    lazy.load_state_dict(torch.load(tmp_path / "la.pt", weights_only=True))
+    for a, b in zip(la(X), lazy(X)):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="last_layer_name='4'"):
+        getattr(compat, flavour)(model, "regression", last_layer_name="2").load_state_dict(sd)
+    with pytest.raises(ValueError, match="likelihood"):
+        getattr(compat, flavour)(model, "classification").load_state_dict(sd)

@@ -87,10 +87,16 @@ class _Flavour(_Laplace):
                                  "forward of fit (pass last_layer_name to construct it eagerly)")
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
+    def _resolve(self, last_layer_name: str) -> None:
+        """Construct the engine object now that the last layer is known."""
+        likelihood, kwargs = self.__dict__["_deferred"]
+        self.__dict__["_deferred"] = None
+        super().__init__(self.model, likelihood, subset_of_weights=self.subset_of_weights_default,
+                         hessian_structure=self.hessian_structure_default,
+                         **{**kwargs, "last_layer_name": last_layer_name})
+
     def fit(self, train_loader, override: bool = True, progress_bar: bool = False) -> None:
-        deferred = self.__dict__.get("_deferred")
-        if deferred is not None:
-            likelihood, kwargs = deferred
+        if self.__dict__.get("_deferred") is not None:
             X, _ = self.unpack_batch(next(iter(train_loader)))
             was_training = self.model.training
             self.model.eval()
@@ -99,10 +105,30 @@ class _Flavour(_Laplace):
                     name = last_module_run(self.model, X)[0]
             finally:
                 self.model.train(was_training)
-            self.__dict__["_deferred"] = None
-            super().__init__(self.model, likelihood, subset_of_weights=self.subset_of_weights_default,
-                             hessian_structure=self.hessian_structure_default, **{**kwargs, "last_layer_name": name})
+            self._resolve(name)
         super().fit(train_loader, override=override, progress_bar=progress_bar)
+
+    def state_dict(self) -> dict:
+        """The engine's flat dict; last-layer flavours add ``last_layer_name`` (the module's name)."""
+        sd = super().state_dict()
+        if self.subset_of_weights == "last_layer":
+            names = {id(m): n for n, m in self.model.named_modules()}
+            sd["last_layer_name"] = names[id(self.entries[0].module)]
+        return sd
+
+    def load_state_dict(self, sd: dict) -> None:
+        """The engine's; a last-layer flavour still searching its last layer takes the saved name, one
+        constructed with another ``last_layer_name`` raises ``ValueError``."""
+        saved = sd.get("last_layer_name")
+        if self.__dict__.get("_deferred") is not None:
+            if saved is None:
+                raise ValueError("state_dict has no last_layer_name: fit first or pass last_layer_name")
+            self._resolve(saved)
+        elif saved is not None and self.subset_of_weights == "last_layer":
+            mine = {id(m): n for n, m in self.model.named_modules()}[id(self.entries[0].module)]
+            if mine != saved:
+                raise ValueError(f"state_dict is for last_layer_name={saved!r}; this object uses {mine!r}")
+        super().load_state_dict({k: v for k, v in sd.items() if k != "last_layer_name"})
 
     # ---- laplace-torch's reward modelling: a classification fit, a regression predictive ----------------
     @property
