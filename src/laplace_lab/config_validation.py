@@ -83,7 +83,9 @@ def validate_laplace_config(cfg: DictConfig) -> None:
     structure, curvature_type = spec.hessian_structure, spec.curvature
     mode = _choice(cfg, "marglik.mode", MARGLIK_MODES)
     pred_type = _choice(cfg, "predictive.pred_type", PRED_TYPES)
-    _choice(cfg, "predictive.link_approx", LINKS)
+    link = _choice(cfg, "predictive.link_approx", LINKS)
+    _require(pred_type != "nn" or link == "mc",
+             f"predictive.pred_type='nn' samples the network and needs predictive.link_approx='mc'; got {link!r}")
     delta = cfg.prior.prior_precision
     _require(isinstance(delta, (int, float)) and delta > 0, f"prior.prior_precision must be a positive number; got {delta!r}")
     _require(int(cfg.curvature.n_mc_samples) >= 1, f"curvature.n_mc_samples must be >= 1; got {cfg.curvature.n_mc_samples}")

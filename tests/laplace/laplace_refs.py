@@ -94,7 +94,8 @@ def model_fn(model, la):
 
 def dense_jacobian(model, la, X) -> torch.Tensor:
     f = model_fn(model, la)
-    J = jacrev(lambda th: f(th, X))(la.mean)  # [N, C, P]
+    theta = torch.cat([p.detach().reshape(-1) for p in la.params])  # the weights (la.mean before fit is the prior mean)
+    J = jacrev(lambda th: f(th, X))(theta)  # [N, C, P]
     return J.reshape(X.shape[0], -1, la.n_params)
 
 

@@ -6,12 +6,47 @@
 ``subset_of_weights`` / ``hessian_structure`` fixed; every other keyword is ``Laplace``'s.
 The backend classes (``CurvlinopsGGN``, ``AsdlEF``, ...) are markers for ``Laplace(backend=...)``:
 each names the curvature (``ggn`` | ``ef``) the engine computes itself; they run no third-party code.
+laplace-torch's views of a flavour object: ``la.backend`` (``jacobians``, ``last_layer_jacobians``),
+``la.H`` before ``fit`` (zeros: ``[P, P]`` full, ``[P]`` diag, a ``Kron`` of zero factors for kron; built
+when read, nothing is allocated at construction) and, for kron after ``fit``, the curvature alone as a
+``KronDecomposed`` (= the engine's ``KronPrecision`` view) with ``to_matrix()``; ``_init_H()`` empties
+the curvature; ``functional_variance_fast(X)`` the diagonal GLM functional variance. Utilities:
+``FeatureExtractor``, ``Kron``, ``KronDecomposed``.
 Deliberate deviations from laplace-torch are listed in ``docs/laplace_torch_compat.md``.
 """
 
 from __future__ import annotations
 
+import contextlib
+
+import torch
+
+from laplace_lab.laplace import predictive
+from laplace_lab.laplace.compat_features import FeatureExtractor, last_module_run
+from laplace_lab.laplace.compat_matrix import Kron
 from laplace_lab.laplace.laplace import Laplace as _Laplace
+from laplace_lab.laplace.structures.kron import KronPrecision as KronDecomposed
+
+
+class BackendView:
+    """laplace-torch's ``la.backend`` Jacobian methods, computed by the engine (dense ``torch.func``,
+    for small models): ``(Js [B, C, P], f [B, C])`` w.r.t. the Laplace object's weights."""
+
+    def __init__(self, la: _Laplace):
+        self.la = la
+
+    def jacobians(self, x, enable_backprop: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        Js, f = self.la.jacobians(x)
+        if enable_backprop:
+            with torch.enable_grad():
+                f = self.la.model(x).reshape(Js.shape[0], -1)
+            return Js, f
+        return Js.detach(), f.detach()
+
+    def last_layer_jacobians(self, x, enable_backprop: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.la.subset_of_weights != "last_layer":
+            raise ValueError("last_layer_jacobians needs subset_of_weights='last_layer'; use jacobians(x)")
+        return self.jacobians(x, enable_backprop)
 
 
 class _Flavour(_Laplace):
@@ -22,14 +57,169 @@ class _Flavour(_Laplace):
         for key in ("subset_of_weights", "hessian_structure"):
             if key in kwargs:
                 raise TypeError(f"{type(self).__name__} fixes {key}; use Laplace(...) to choose it")
+        self.__dict__["_reward"] = likelihood == "reward_modeling"
+        if self.__dict__["_reward"]:  # fit (and marglik, gridsearch) as classification, predict as regression
+            likelihood = "classification"
+        if self.subset_of_weights_default == "last_layer" and kwargs.get("last_layer_name") is None:
+            self._defer(model, likelihood, kwargs)
+            return
         super().__init__(model, likelihood, subset_of_weights=self.subset_of_weights_default,
                          hessian_structure=self.hessian_structure_default, **kwargs)
 
+    # ---- laplace-torch's lazy last layer: found by the first forward of fit ------------------------------
+    def _defer(self, model, likelihood, kwargs: dict) -> None:
+        """No last layer yet: keep the options (``prior_mean`` / ``prior_precision`` unchecked until
+        ``fit``, as laplace-torch); ``mean``, ``H``, ``n_params``, ``n_layers`` are ``None``."""
+        self.__dict__["_deferred"] = (likelihood, dict(kwargs))
+        self.model, self.likelihood = model, likelihood
+        self.mean = self.n_params = self.n_layers = None
+        self.temperature = float(kwargs.get("temperature", 1.0))
+        self._prior_precision = kwargs.get("prior_precision", 1.0)
+        self._prior_mean = kwargs.get("prior_mean", 0.0)
+        self._sigma_noise = kwargs.get("sigma_noise", 1.0)
+        self.dict_key_x, self.dict_key_y = kwargs.get("dict_key_x", "input_ids"), kwargs.get("dict_key_y", "labels")
+        self.enable_backprop = bool(kwargs.get("enable_backprop", False))
+        self.feature_reduction = kwargs.get("feature_reduction")
+
+    def __getattr__(self, name):  # only reached for attributes that do not exist
+        if "_deferred" in self.__dict__ and self.__dict__["_deferred"] is not None:
+            raise AttributeError(f"{name!r} is not available before fit(): the last layer is found by the first "
+                                 "forward of fit (pass last_layer_name to construct it eagerly)")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _resolve(self, last_layer_name: str) -> None:
+        """Construct the engine object now that the last layer is known."""
+        likelihood, kwargs = self.__dict__["_deferred"]
+        self.__dict__["_deferred"] = None
+        super().__init__(self.model, likelihood, subset_of_weights=self.subset_of_weights_default,
+                         hessian_structure=self.hessian_structure_default,
+                         **{**kwargs, "last_layer_name": last_layer_name})
+
+    def fit(self, train_loader, override: bool = True, progress_bar: bool = False) -> None:
+        if self.__dict__.get("_deferred") is not None:
+            X, _ = self.unpack_batch(next(iter(train_loader)))
+            was_training = self.model.training
+            self.model.eval()
+            try:
+                with torch.no_grad():
+                    name = last_module_run(self.model, X)[0]
+            finally:
+                self.model.train(was_training)
+            self._resolve(name)
+        super().fit(train_loader, override=override, progress_bar=progress_bar)
+
+    def state_dict(self) -> dict:
+        """The engine's flat dict; last-layer flavours add ``last_layer_name`` (the module's name)."""
+        sd = super().state_dict()
+        if self.subset_of_weights == "last_layer":
+            names = {id(m): n for n, m in self.model.named_modules()}
+            sd["last_layer_name"] = names[id(self.entries[0].module)]
+        return sd
+
+    def load_state_dict(self, sd: dict) -> None:
+        """The engine's; a last-layer flavour still searching its last layer takes the saved name, one
+        constructed with another ``last_layer_name`` raises ``ValueError``."""
+        saved = sd.get("last_layer_name")
+        if self.__dict__.get("_deferred") is not None:
+            if saved is None:
+                raise ValueError("state_dict has no last_layer_name: fit first or pass last_layer_name")
+            self._resolve(saved)
+        elif saved is not None and self.subset_of_weights == "last_layer":
+            mine = {id(m): n for n, m in self.model.named_modules()}[id(self.entries[0].module)]
+            if mine != saved:
+                raise ValueError(f"state_dict is for last_layer_name={saved!r}; this object uses {mine!r}")
+        super().load_state_dict({k: v for k, v in sd.items() if k != "last_layer_name"})
+
+    # ---- laplace-torch's reward modelling: a classification fit, a regression predictive ----------------
+    @property
+    def reward_modeling(self) -> bool:
+        """Constructed with ``likelihood="reward_modeling"`` (``likelihood`` then reads "classification",
+        the likelihood of the fit; ``la(x)`` is the regression predictive unless ``fitting=True``)."""
+        return bool(self.__dict__.get("_reward"))
+
+    @contextlib.contextmanager
+    def _predicting_as(self, likelihood: str):
+        kept = self.likelihood
+        self.likelihood = likelihood
+        try:
+            yield
+        finally:
+            self.likelihood = kept
+
+    def __call__(self, x, pred_type="glm", joint=False, link_approx="probit", n_samples=100, diagonal_output=False,
+                 generator=None, fitting=False, **kwargs):
+        if not self.reward_modeling or fitting or self.__dict__.get("_tuning"):
+            return super().__call__(x, pred_type, joint, link_approx, n_samples, diagonal_output, generator,
+                                    fitting and not self.reward_modeling, **kwargs)
+        with self._predicting_as("regression"):
+            return super().__call__(x, pred_type, joint, link_approx, n_samples, diagonal_output, generator, **kwargs)
+
+    def predictive_samples(self, x, *args, **kwargs) -> torch.Tensor:
+        if not self.reward_modeling:
+            return super().predictive_samples(x, *args, **kwargs)
+        with self._predicting_as("regression"):
+            return super().predictive_samples(x, *args, **kwargs)
+
+    def optimize_prior_precision(self, *args, **kwargs) -> None:
+        """The engine's; with reward modelling the grid search scores the classification predictive."""
+        self.__dict__["_tuning"] = True
+        try:
+            super().optimize_prior_precision(*args, **kwargs)
+        finally:
+            self.__dict__["_tuning"] = False
+
+    @property
+    def H(self):
+        """The engine's ``H``; ``None`` while the last layer is not known (laplace-torch)."""
+        return None if self.__dict__.get("_deferred") is not None else _Laplace.H.fget(self)
+
+    @property
+    def backend(self) -> BackendView:
+        """laplace-torch's curvature-backend object: here its Jacobian methods (``BackendView``)."""
+        return BackendView(self)
+
+    def _init_H(self) -> None:
+        """laplace-torch's internal: empty the curvature (and loss, ``n_data``); not fitted afterwards."""
+        self.reset_accumulators()
+
+    def functional_variance_fast(self, X) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(f_mu [B, C], f_var [B, C])``: the GLM functional variance's diagonal (every structure;
+        laplace-torch has it for last-layer full and diag)."""
+        return predictive.glm_moments(self, X, diag=True)
+
+
+class _FullH:
+    @property
+    def H(self) -> torch.Tensor | None:
+        """``[P, P]``; zeros before ``fit`` (allocated when read, as laplace-torch shows it); ``None``
+        while the last layer is not known."""
+        if self.__dict__.get("_deferred") is not None:
+            return None
+        H = _Laplace.H.fget(self)
+        return H if H is not None else torch.zeros(self.n_params, self.n_params, device=self.device, dtype=self.dtype)
+
+
+class _KronH:
+    @property
+    def H(self):
+        """Before ``fit``: a ``Kron`` of zero factors; after: the curvature alone (no prior, scale 1) as
+        a ``KronDecomposed`` view with ``to_matrix()`` / ``logdet()`` (laplace-torch's types); ``None``
+        while the last layer is not known."""
+        if self.__dict__.get("_deferred") is not None:
+            return None
+        if not self.fitted:
+            return Kron.zeros_like_params(self.params)
+        one = torch.ones((), device=self.device, dtype=self.dtype)
+        return self.structure.precision(one, torch.zeros(1, device=self.device, dtype=self.dtype))
+
+
+_H_VIEWS = {"full": (_FullH,), "kron": (_KronH,)}
+
 
 def _flavour(name: str, subset: str, structure: str) -> type:
-    return type(name, (_Flavour,), {"subset_of_weights_default": subset, "hessian_structure_default": structure,
-                                    "__doc__": f"``Laplace(subset_of_weights={subset!r}, "
-                                               f"hessian_structure={structure!r})``."})
+    return type(name, (*_H_VIEWS.get(structure, ()), _Flavour),
+                {"subset_of_weights_default": subset, "hessian_structure_default": structure,
+                 "__doc__": f"``Laplace(subset_of_weights={subset!r}, hessian_structure={structure!r})``."})
 
 
 FullLaplace = _flavour("FullLaplace", "all", "full")
@@ -71,7 +261,8 @@ BackPackGGN, BackPackEF = _backend("BackPackGGN", "ggn"), _backend("BackPackEF",
 
 __all__ = ["Laplace", "Engine", "BaseLaplace", "ParametricLaplace", "LLLaplace", "FullLaplace", "KronLaplace",
            "DiagLaplace", "LowRankLaplace", "FullLLLaplace", "KronLLLaplace", "DiagLLLaplace",
-           "CurvatureBackend", "CurvlinopsGGN", "CurvlinopsEF", "AsdlGGN", "AsdlEF", "BackPackGGN", "BackPackEF"]
+           "CurvatureBackend", "CurvlinopsGGN", "CurvlinopsEF", "AsdlGGN", "AsdlEF", "BackPackGGN", "BackPackEF",
+           "BackendView", "FeatureExtractor", "Kron", "KronDecomposed"]
 
 from laplace_lab.laplace.options import (  # noqa: E402  (laplace-torch exposes its enums here too)
     FeatureReduction,

@@ -18,6 +18,7 @@ from torch import nn
 
 from laplace_lab.laplace import backends, predictive
 from laplace_lab.laplace.backends import backend_names
+from laplace_lab.laplace.compat_matrix import Kron
 from laplace_lab.laplace.curvature import CURVATURES
 from laplace_lab.laplace.hyper import MarglikOptimizer
 from laplace_lab.laplace.likelihoods import LIKELIHOODS, get_likelihood
@@ -170,7 +171,7 @@ class Laplace:
         dict_key_y: str = "labels",
     ):
         likelihood = _check_choice("likelihood", likelihood, LIKELIHOODS)
-        curvature, self.backend = resolve_backend(backend, curvature)
+        curvature, self.backend_name = resolve_backend(backend, curvature)
         for name, kw in (("backend_kwargs", backend_kwargs), ("asdl_fisher_kwargs", asdl_fisher_kwargs)):
             if kw:
                 raise ValueError(f"{name} are options of laplace-torch's third-party backends; this engine "
@@ -187,13 +188,12 @@ class Laplace:
         if not float(temperature) > 0:
             raise ValueError(f"temperature must be > 0; got {temperature!r}")
         self.model = model
-        self.likelihood = likelihood
+        self.likelihood = likelihood  # also sets the likelihood object ``lik``
         self.subset_of_weights = subset_of_weights
         self.hessian_structure = hessian_structure
         self.curvature = curvature
         self.n_mc_samples = n_mc_samples
         self.temperature = float(temperature)
-        self._lik = get_likelihood(likelihood)
 
         p0 = next(model.parameters())
         self._device, self._dtype = p0.device, p0.dtype
@@ -229,16 +229,26 @@ class Laplace:
         self.generator = generator
         self._structure = struct_cls(self.entries, self._device, self._dtype,
                                      **structure_kwargs(struct_cls, {"n_eigs": n_eigs, **(structure_options or {})}))
-        self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.mean = self.prior_mean.expand(self.n_params).clone()  # laplace-torch: the prior mean until fit
         self.linear_offset = None  # [P] theta* - theta_hat once linear_mode.fit_linear_mode ran
         self.loss = torch.zeros((), device=self._device, dtype=self._dtype)
         self.n_data = 0
         self.n_outputs = None
         self._fitted = False
         self._backend = None  # the backends.Backend the last fit_begin chose
-        backends.check_structure(self, self.backend)  # the model itself is checked by fit_begin (eval mode)
+        backends.check_structure(self, self.backend_name)  # the model itself is checked by fit_begin (eval mode)
 
     # ---- hyperparameters ------------------------------------------------------------------------
+    @property
+    def likelihood(self) -> str:
+        return self._likelihood
+
+    @likelihood.setter
+    def likelihood(self, value: str) -> None:
+        """Settable after ``fit`` as in laplace-torch (the curvature is kept; ``sigma_noise`` scales it)."""
+        value = _check_choice("likelihood", value, LIKELIHOODS)
+        self._likelihood, self._lik = value, get_likelihood(value)
+
     @property
     def prior_precision(self) -> torch.Tensor:
         return self._prior_precision
@@ -272,6 +282,13 @@ class Laplace:
     def structure(self):
         """The posterior-structure object (``structures.base`` protocol)."""
         return self._structure
+
+    @property
+    def backend(self) -> str:
+        """The curvature-collection backend option (``backend_name``: "auto", "chain", ...). The
+        laplace-torch flavour classes of ``compat`` show their Jacobian view under this name instead;
+        the engine itself reads ``backend_name``."""
+        return self.backend_name
 
     @property
     def lik(self):
@@ -343,10 +360,9 @@ class Laplace:
 
     @property
     def H_factor(self) -> torch.Tensor:
-        """Curvature scale ``c = 1 / (sigma^2 T)`` (``1 / T`` unless regression)."""
-        if self.likelihood == "regression":
-            return 1.0 / (self.sigma_noise.square() * self.temperature)
-        return torch.as_tensor(1.0 / self.temperature, device=self._device, dtype=self._dtype)
+        """Curvature scale ``c = 1 / (sigma^2 T)`` (``sigma_noise`` is 1 unless the likelihood was
+        constructed as regression; as laplace-torch, a likelihood changed after ``fit`` keeps it)."""
+        return 1.0 / (self.sigma_noise.square() * self.temperature)
 
     _H_factor = H_factor  # the name used inside the engine
 
@@ -398,7 +414,7 @@ class Laplace:
         # the curvature-collection backend (backends/: "auto" = the chain for plain sequential nets, else
         # the autograd capture); self-fitting structures make their own data pass
         try:
-            self._backend = backends.choose(self, self.backend)
+            self._backend = backends.choose(self, self.backend_name)
         except ValueError:
             self.model.train(self._was_training)
             raise
@@ -409,7 +425,7 @@ class Laplace:
             if self._structure.self_fitting:
                 raise ValueError(f"hessian_structure={self.hessian_structure!r} makes its own data pass: call "
                                  "fit(train_loader); fit_begin/fit_batch/fit_end are not supported")
-            self._backend = backends.choose(self, self.backend)  # fit_batch without fit_begin, as before
+            self._backend = backends.choose(self, self.backend_name)  # fit_batch without fit_begin, as before
         X = X.to(self._device) if isinstance(X, torch.Tensor) else X
         f, yy, records = self._backend.batch(X, y.to(self._device))
         self.add_batch(f, yy, records)
@@ -424,6 +440,13 @@ class Laplace:
                 self._structure.accumulate(records)
         self.n_data += f.shape[0]
         self.n_outputs = f.shape[1]
+
+    def check_targets(self, out: torch.Tensor, y: torch.Tensor) -> None:
+        """Regression targets must have the network output's shape (laplace-torch: ``[N]`` targets for
+        ``[N, 1]`` outputs are rejected, not broadcast)."""
+        if self.likelihood == "regression" and tuple(y.shape) != tuple(out.shape):
+            raise ValueError(f"regression targets y must have the shape of the model output; got y "
+                             f"{tuple(y.shape)} for output {tuple(out.shape)} (reshape y, e.g. y[:, None])")
 
     def fit_end(self) -> None:
         """Finalise (e.g. KFAC eigendecompositions) and restore the model's train/eval mode."""
@@ -549,8 +572,12 @@ class Laplace:
 
     def log_prob(self, value: torch.Tensor, normalized: bool = True) -> torch.Tensor:
         """Log density of the Gaussian posterior ``N(mean, P^{-1})`` at ``value`` ``[P]`` (0-dim);
-        ``normalized=False`` drops the log det and ``2 pi`` terms."""
-        self._check_fitted()
+        ``normalized=False`` drops the log det and ``2 pi`` terms. Before ``fit``: the prior
+        ``N(prior_mean, diag(prior_precision)^{-1})`` (laplace-torch)."""
+        if not self._fitted:
+            p0 = self.prior_precision_diag
+            out = -0.5 * ((value - self.prior_mean).square() * p0).sum()
+            return out + 0.5 * (p0.log().sum() - self.n_params * math.log(2 * math.pi)) if normalized else out
         d = value - self.mean
         out = -0.5 * self._structure.square_norm(d, self._H_factor, self._structure_prior)
         if normalized:
@@ -560,8 +587,9 @@ class Laplace:
     @property
     def H_facs(self):
         """kron: the un-decomposed curvature factors, per parameter tensor ``[G, A]`` (weights of Linear /
-        Conv layers, ``H ~= G (x) A``), ``[G]`` (their biases) or ``[h]`` (diagonal blocks)."""
-        return self._structure.factors
+        Conv layers, ``H ~= G (x) A``), ``[G]`` (their biases) or ``[h]`` (diagonal blocks), as a
+        ``compat_matrix.Kron`` list (laplace-torch's ``to_matrix()``, ``clone()``)."""
+        return Kron(self._structure.factors)
 
     def sample(self, n_samples: int = 100, generator: torch.Generator | None = None) -> torch.Tensor:
         """``[n_samples, P]`` draws from ``N(mean, P^{-1})``."""
@@ -571,7 +599,7 @@ class Laplace:
             z = self._structure.sample(n_samples, self._H_factor, self._structure_prior, gen)
         return self.mean + z
 
-    def __call__(self, x, pred_type: str = "glm", joint: bool = False, link_approx: str | None = None,
+    def __call__(self, x, pred_type: str = "glm", joint: bool = False, link_approx: str | None = "probit",
                  n_samples: int = 100, diagonal_output: bool = False, generator: torch.Generator | None = None,
                  fitting: bool = False, *, joint_outputs: bool = False, return_parts: bool = False,
                  chunk_size: int | None = 256, **model_kwargs):
@@ -585,8 +613,9 @@ class Laplace:
         - ``return_parts`` (regression likelihoods): ``RegressionPredictive(mean, var, aleatoric, epistemic)``
           with ``var = aleatoric + epistemic``, ``[B, D]`` or ``[B, D, D]`` with ``joint_outputs``.
 
-        ``pred_type`` "glm" | "nn" | "map"; ``link_approx`` "probit" (default for glm) | "mc" | "bridge" |
-        "bridge_norm". ``joint=True`` (regression glm): ``(f_mean [B C], covariance [B C, B C])`` across all
+        ``pred_type`` "glm" | "nn" | "map"; ``link_approx`` "probit" (default) | "mc" | "bridge" |
+        "bridge_norm" (``None``: probit for "glm", mc for "nn"); "nn" samples the network, so as in
+        laplace-torch it needs ``link_approx="mc"`` (the default "probit" raises). ``joint=True`` (regression glm): ``(f_mean [B C], covariance [B C, B C])`` across all
         inputs (dense Jacobians: small models).
         ``model_kwargs`` are passed to the model's forward. ``chunk_size``: inputs per forward/backward.
         See ``laplace_lab.laplace.predictive`` for conventions and differentiability."""
@@ -598,6 +627,9 @@ class Laplace:
                 f = predictive.glm_moments(self, x, diag=True, chunk_size=chunk_size)[0]
                 Js, _ = self.jacobians(x)
             return f.reshape(-1), self.functional_covariance(Js)
+        if pred_type == "nn" and link_approx not in (None, "mc"):
+            raise ValueError(f"pred_type='nn' samples the network: link_approx must be 'mc' (laplace-torch's rule; "
+                             f"the default is 'probit'); got link_approx={link_approx!r}")
         if fitting:
             raise ValueError("fitting=True is laplace-torch's reward-modelling switch; likelihood "
                              "'reward_modeling' is not supported")
@@ -738,9 +770,13 @@ class Laplace:
         return {k: getattr(self, k) for k in _CONFIG_KEYS} | {"n_params": self.n_params}
 
     def state_dict(self) -> dict:
+        """A flat dict (laplace-torch's convention: values are tensors, numbers, strings, lists or
+        ``None``): the configuration keys, the fitted quantities and the structure's entries under
+        ``"structure.<key>"``."""
         self._check_fitted()
         return {
-            "config": self._config(),
+            **self._config(),
+            **{f"structure.{k}": v for k, v in self._structure.state_dict().items()},
             "mean": self.mean,
             "prior_precision": self.prior_precision.detach(),
             "prior_mean": self.prior_mean,
@@ -749,14 +785,18 @@ class Laplace:
             "loss": self.loss,
             "n_data": self.n_data,
             "n_outputs": self.n_outputs,
-            "structure": self._structure.state_dict(),
             "linear_offset": self.linear_offset,
         }
 
     def load_state_dict(self, sd: dict) -> None:
+        """Loads ``state_dict()``'s flat dict (or the earlier nested one with ``"config"`` and
+        ``"structure"`` sub-dicts)."""
         mine = self._config()
-        if sd["config"] != mine:
-            diff = {k: (sd["config"].get(k), v) for k, v in mine.items() if sd["config"].get(k) != v}
+        saved = sd["config"] if "config" in sd else {k: sd.get(k) for k in mine}
+        structure = sd["structure"] if "structure" in sd else {
+            k[len("structure."):]: v for k, v in sd.items() if k.startswith("structure.")}
+        if saved != mine:
+            diff = {k: (saved.get(k), v) for k, v in mine.items() if saved.get(k) != v}
             raise ValueError(f"state_dict does not match this Laplace object (saved, current): {diff}")
         self.mean = sd["mean"].to(self._device, self._dtype)
         self.prior_precision = sd["prior_precision"]
@@ -765,7 +805,7 @@ class Laplace:
         self.temperature = sd["temperature"]
         self.loss = sd["loss"].to(self._device, self._dtype)
         self.n_data, self.n_outputs = sd["n_data"], sd["n_outputs"]
-        self._structure.load_state_dict(sd["structure"])  # kron re-runs its eigendecompositions
+        self._structure.load_state_dict(structure)  # kron re-runs its eigendecompositions
         off = sd.get("linear_offset")
         self.linear_offset = None if off is None else off.to(self._device, self._dtype)
         self._fitted = True

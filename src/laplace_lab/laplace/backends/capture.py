@@ -33,6 +33,7 @@ class CaptureBackend(Backend):
             # something follows the last layer: redo the forward with a graph
             with Capture(modules) as cap, torch.enable_grad():
                 out = la.model(X)
+        la.check_targets(out, y)
         f, yy = la.lik.prepare(out, y)
         V = output_factors(la.lik, la.curvature, f, yy, la.n_mc_samples, la.generator)
         cap.backward(out, V.reshape(V.shape[0], *out.shape))

@@ -36,6 +36,7 @@ class ChainBackend(Backend):
                 raise ValueError("backend='chain' needs tensor inputs; use backend='capture' for dict batches")
             return self.fallback.batch(X, y)
         out, records = self.chain.forward(X)
+        la.check_targets(out, y)
         f, yy = la.lik.prepare(out, y)
         V = output_factors(la.lik, la.curvature, f, yy, la.n_mc_samples, la.generator)
         self.chain.backward(V.reshape(V.shape[0], *out.shape))
