@@ -39,8 +39,8 @@ import logging
 import math
 import time
 import warnings
+from typing import TYPE_CHECKING
 
-import pytorch_lightning as pl
 import torch
 from torch import nn
 
@@ -52,7 +52,11 @@ from laplace_lab.training.hyperparameters import (
     subset_tensor_indices,
     write_prior,
 )
-from laplace_lab.training.module import MAPModule
+
+if TYPE_CHECKING:  # annotations only: Lightning is imported where a Lightning Trainer runs
+    import pytorch_lightning as pl
+
+    from laplace_lab.training.module import MAPModule
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +128,10 @@ def marglik_epochs(max_epochs: int, burnin: int, frequency: int) -> list[int]:
     return [e for e in range(1, max_epochs + 1) if e >= max(burnin, 1) and (e - burnin) % frequency == 0]
 
 
-class OnlineMarglik(pl.Callback):
-    """Lightning callback for Algorithm 1. See the module docstring for conventions.
+class OnlineMarglikCore:
+    """Algorithm 1 as Lightning callback hooks (``trainer``: Lightning's Trainer or the plain loop's
+    state, ``training.plain_loop``); ``OnlineMarglik`` is this class as a Lightning ``Callback``
+    (``training.lightning_classes``). See the module docstring for conventions.
 
     Args:
         laplace_kwargs: ``subset_of_weights``, ``hessian_structure``, ``curvature``,
@@ -401,3 +407,12 @@ class OnlineMarglik(pl.Callback):
                 params.append(self.log_sigma)
             self.hyper_optimizer = torch.optim.Adam(params, lr=self.lr_hyp)
             self.hyper_optimizer.load_state_dict(state["hyper_optimizer"])
+
+
+def __getattr__(name: str):
+    """``OnlineMarglik`` (the Lightning callback) on first use: importing Lightning costs seconds."""
+    if name == "OnlineMarglik":
+        from laplace_lab.training.lightning_classes import OnlineMarglik
+
+        return OnlineMarglik
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
