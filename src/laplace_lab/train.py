@@ -184,7 +184,8 @@ def make_trainer(cfg: DictConfig, output_dir: Path, loggers, callbacks, loop: st
         t = cfg.trainer
         return PlainTrainer(t.max_epochs, resolve_device(t.get("accelerator", "auto")), loggers, callbacks,
                             log_every_n_steps=t.get("log_every_n_steps", 50),
-                            enable_progress_bar=t.get("enable_progress_bar", True))
+                            enable_progress_bar=t.get("enable_progress_bar", True),
+                            check_val_every_n_epoch=t.get("check_val_every_n_epoch", 1))
     import pytorch_lightning as pl
 
     return pl.Trainer(**loop_choice.trainer_kwargs(cfg), logger=loggers, default_root_dir=str(output_dir),

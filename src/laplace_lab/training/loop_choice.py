@@ -9,7 +9,7 @@
 A run qualifies when ``lightning_needs(cfg)`` is empty: in-memory tensor data (UCI, sinusoid,
 toy2d) read in the main process; one CPU or CUDA device; the trainer options at values the plain
 loop runs as Lightning does (``PLAIN_TRAINER``: no gradient clipping, all batches, validation
-every epoch, no model summary, ...); no wandb logger, no checkpoints (saving or resuming), no
+at epoch ends, no model summary, ...); no wandb logger, no checkpoints (saving or resuming), no
 augmentation callback, no fused online marglik.
 """
 
@@ -43,7 +43,8 @@ PLAIN_TRAINER: dict[str, tuple[Callable[[Any], bool], str]] = {
     "gradient_clip_val": (lambda v: v is None or v == 0, "null or 0"),
     "limit_train_batches": (_one, "1.0"),
     "limit_val_batches": (_one, "1.0"),
-    "check_val_every_n_epoch": (lambda v: v is None or _one(v), "1"),
+    "check_val_every_n_epoch": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+                                "an integer >= 1"),
     "fast_dev_run": (lambda v: v in (False, 0), "false"),
 }
 

@@ -3,16 +3,18 @@ without importing Lightning (seconds of imports, ~1 ms of loop per epoch).
 
 ``PlainTrainer.fit(module, datamodule)`` runs a ``MAPCore`` and ``OnlineMarglikCore`` callbacks
 through the same hooks, in the same order, on the same batches as Lightning 2's ``Trainer.fit``
-with one optimiser, automatic optimisation, ``check_val_every_n_epoch=1`` and no gradient
-clipping or accumulation (``training.loop_choice`` decides when a run qualifies):
+with one optimiser, automatic optimisation, validation at epoch ends and no gradient clipping
+or accumulation (``training.loop_choice`` decides when a run qualifies):
 
 - fit start: ``datamodule.prepare_data()`` / ``setup("fit")``, the module on the device in train
   mode, ``configure_optimizers()``, the callbacks' ``on_fit_start``, then Lightning's sanity check
-  (``validation_step`` on the first two validation batches, nothing logged);
+  (``validation_step`` on the first two validation batches, nothing logged, random generators
+  restored after it);
 - every epoch: ``set_epoch`` on the training sampler, ``on_train_epoch_start``; per batch
   ``training_step`` -> ``zero_grad()`` -> ``backward`` (skipped when the step returns ``None``) ->
   ``on_after_backward`` -> ``optimizer.step()``; after the last batch the epoch-interval lr
-  scheduler steps, then the validation epoch (eval mode, ``torch.inference_mode``), then
+  scheduler steps, then (every ``check_val_every_n_epoch`` epochs) the validation epoch (eval
+  mode, ``torch.inference_mode``), then
   ``on_train_epoch_end``; the callbacks' ``on_train_end`` after the last epoch;
 - logging as Lightning's: ``log_dict(..., on_epoch=True)`` values are float32 batch-size-weighted
   means over the epoch; the validation means and, when anything was logged, the training ones go
@@ -30,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable
+from contextlib import contextmanager
 
 import torch
 
@@ -92,16 +95,18 @@ class PlainTrainer:
         callbacks: ``OnlineMarglikCore``-like objects with Lightning's hook names.
         log_every_n_steps: Lightning's option (the module's training-loss cadence reads it).
         enable_progress_bar: a tqdm bar over the epochs.
+        check_val_every_n_epoch: validate after every this many epochs (Lightning's option).
     """
 
     def __init__(self, max_epochs: int, device: torch.device, loggers: Iterable = (), callbacks: Iterable = (),
-                 log_every_n_steps: int = 50, enable_progress_bar: bool = False):
+                 log_every_n_steps: int = 50, enable_progress_bar: bool = False, check_val_every_n_epoch: int = 1):
         self.max_epochs = int(max_epochs)
         self.root_device = device
         self.loggers = list(loggers)
         self.callbacks = list(callbacks)
         self.log_every_n_steps = int(log_every_n_steps)
         self.enable_progress_bar = enable_progress_bar
+        self.check_val_every_n_epoch = int(check_val_every_n_epoch)
         self.current_epoch = 0
         self.global_step = 0
         self.num_training_batches = 0
@@ -168,9 +173,10 @@ class PlainTrainer:
         self.num_training_batches = len(train_loader)
         n_val = len(val_loader)
         self._hooks("on_fit_start", module)
-        if n_val:  # Lightning's sanity check: same loader iterations (RNG draws), nothing logged
+        if n_val:  # Lightning's sanity check: nothing logged, the random generators restored after it
             self._sanity = True
-            self._validate(module, val_loader, max_batches=SANITY_VAL_STEPS)
+            with _isolated_rng():
+                self._validate(module, val_loader, max_batches=SANITY_VAL_STEPS)
             self._sanity = False
         bar = _progress(self.max_epochs) if self.enable_progress_bar else None
         for epoch in range(self.max_epochs):
@@ -189,7 +195,7 @@ class PlainTrainer:
             train_means = self._means
             if scheduler is not None:
                 scheduler.step()
-            if n_val:
+            if n_val and (epoch + 1) % self.check_val_every_n_epoch == 0:
                 self._log_epoch(self._validate(module, val_loader))
             self._means = train_means
             self._hooks("on_train_epoch_end", module)
@@ -203,6 +209,26 @@ class PlainTrainer:
             bar.close()
         self._hooks("on_train_end", module)
         module.cpu()  # as Lightning's teardown
+
+
+@contextmanager
+def _isolated_rng():
+    """Lightning's ``isolate_rng``: torch's (CPU and CUDA), Python's and NumPy's generator states
+    are restored on exit."""
+    import random
+
+    import numpy as np
+
+    states = (torch.get_rng_state(), random.getstate(), np.random.get_state(),
+              torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        random.setstate(states[1])
+        np.random.set_state(states[2])
+        if states[3] is not None:
+            torch.cuda.set_rng_state_all(states[3])
 
 
 def _optimizer_and_scheduler(config) -> tuple[torch.optim.Optimizer, object | None]:
