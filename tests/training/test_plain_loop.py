@@ -81,6 +81,13 @@ def test_auto_picks_plain_only_where_it_runs_the_same(overrides, loop):
     assert choose_loop(compose_config(overrides)) == loop
 
 
+def test_auto_keeps_lightning_on_cuda(monkeypatch):
+    """The plain loop's CUDA path is not compared with Lightning here: auto leaves CUDA runs to Lightning."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert choose_loop(compose_config(["data=sinusoid", "logger=csv"])) == "lightning"
+    assert choose_loop(compose_config(["data=sinusoid", "logger=csv", "trainer=cpu"])) == "plain"
+
+
 def test_plain_refuses_what_needs_lightning(tmp_path):
     with pytest.raises(ValueError, match=r"trainer.loop=plain.*logger.wandb.enabled=true"):
         run(compose_config(["data=sinusoid", "logger.wandb.enabled=true", "trainer.loop=plain"]), tmp_path)

@@ -3,8 +3,8 @@
 - ``lightning``: ``pytorch_lightning.Trainer`` (every feature; imports Lightning, seconds);
 - ``plain``: ``training.plain_loop`` (same hooks, same order, bit-identical metrics) for runs that
   need nothing else; asked for on a run that does need Lightning, it is a config error naming why;
-- ``auto`` (default): ``plain`` when the run qualifies, else ``lightning``; the choice and its
-  reasons are logged.
+- ``auto`` (default): ``plain`` when the run qualifies and trains on the CPU, else ``lightning``;
+  the choice and its reasons are logged.
 
 A run qualifies when ``lightning_needs(cfg)`` is empty: in-memory tensor data (UCI, sinusoid,
 toy2d) read in the main process; one CPU or CUDA device; the trainer options at values the plain
@@ -20,6 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from omegaconf import DictConfig
+
+from laplace_lab.training.plain_loop import resolve_device
 
 log = logging.getLogger(__name__)
 LOOPS = ("auto", "lightning", "plain")
@@ -97,6 +99,9 @@ def choose_loop(cfg: DictConfig) -> str:
     for on a run that needs Lightning raises a ``ValueError`` naming what needs it."""
     loop = validate_loop(cfg)
     needs = [] if loop == "lightning" else lightning_needs(cfg)
+    if loop == "auto" and not needs and resolve_device(cfg.trainer.get("accelerator", "auto")).type != "cpu":
+        needs.append("a CUDA device (auto picks the plain loop on the CPU only: its CUDA path has not been "
+                     "compared with Lightning on a GPU yet; trainer.loop=plain runs it there)")
     if loop == "plain" and needs:
         raise ValueError("trainer.loop=plain cannot run this config; it needs Lightning for: " + "; ".join(needs)
                          + f". Allowed: trainer.loop in {list(LOOPS)} (auto picks lightning here)")
