@@ -165,7 +165,8 @@ def evaluate(cfg: DictConfig, module: MAPCore, datamodule: LabDataModule, la, lo
     predictors.update(extra_predictors or {})
     task = "classification" if module.likelihood == "classification" else "regression"
     is_toy2d = task == "classification" and tuple(datamodule.input_shape) == (2,)
-    from laplace_lab.evaluation.runner import run_evaluation  # pandas, matplotlib, seaborn: when evaluating
+    # imported here: pandas, matplotlib and seaborn load when a run evaluates
+    from laplace_lab.evaluation.runner import run_evaluation
 
     return run_evaluation(
         cfg.evaluation, task, predictors, datamodule.test_dataloader(), ood_loaders=datamodule.ood_dataloaders(),

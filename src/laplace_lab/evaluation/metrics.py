@@ -86,7 +86,8 @@ def _calib_probs(probs: Tensor) -> Tensor:
 def calibration_error(probs: Tensor, y: Tensor, n_bins: int = 15, norm: str = "l1") -> float:
     """Top-label calibration error via torchmetrics; ``norm="l1"`` is ECE, ``"max"`` is MCE."""
     _check(probs, y)
-    from torchmetrics.functional.classification import multiclass_calibration_error  # seconds to import
+    # imported here: torchmetrics pulls in torchvision (seconds)
+    from torchmetrics.functional.classification import multiclass_calibration_error
 
     return multiclass_calibration_error(
         _calib_probs(probs), y.long(), num_classes=probs.shape[1], n_bins=n_bins, norm=norm
@@ -142,7 +143,7 @@ def auroc(score_in: Tensor, score_out: Tensor) -> float:
     """Area under the ROC curve, in-distribution scores as positives (torchmetrics)."""
     scores = torch.cat([score_in, score_out]).double()
     target = torch.cat([torch.ones(len(score_in)), torch.zeros(len(score_out))]).long()
-    from torchmetrics.functional.classification import binary_auroc  # seconds to import
+    from torchmetrics.functional.classification import binary_auroc  # imported here (seconds)
 
     return binary_auroc(scores, target).item()
 
