@@ -30,6 +30,8 @@ ALLOWED_TARGET_PREFIXES = ("laplace_lab.", "torch.", "pytorch_lightning.", "ligh
 CHECKED_GROUPS = ("data", "model", "optimizer", "lr_scheduler", "trainer", "curvature", "prior", "marglik",
                   "predictive", "logger", "paths", "checkpoint", "map_cache")
 INF = math.inf
+# Keys of ours inside a group whose other keys are a constructor's arguments (trainer: Lightning's Trainer).
+OWN_KEYS = {"trainer": ("loop",)}
 
 # option: (kind, low, high, low inclusive, null allowed). kind "int" or "float" (ints accepted).
 RANGES: dict[str, tuple[str, float, float, bool, bool]] = {
@@ -178,6 +180,8 @@ def group_schema(group: str) -> dict[str, frozenset]:
 
 def _target_class(group: str, node: Mapping) -> Any:
     if group == "trainer":
+        if set(node) <= set(group_schema("trainer")):  # our option files' keys: known without importing Lightning
+            return None
         import pytorch_lightning as pl
 
         return pl.Trainer
@@ -230,7 +234,7 @@ def check_group_keys(data: Mapping) -> None:
         for name, p in (args or {}).items():
             if name not in schema and p.default is not inspect.Parameter.empty:
                 _record(schema, name, p.default)
-        known = set(args) if args is not None else set(schema)
+        known = set(args) | set(OWN_KEYS.get(group, ())) if args is not None else set(schema)
         for key, value in _flat_keys(node):
             top = key.split(".")[0]
             if top.startswith("_") and top.endswith("_"):

@@ -1,4 +1,6 @@
-"""Lightning loggers of a run: CSV always, wandb (offline by default) when enabled.
+"""Loggers of a run: CSV always, wandb (offline by default) when enabled. Under Lightning's Trainer
+they are Lightning loggers; for the plain loop (``plain=True``) the CSV one is ``CSVMetricsLogger``
+(the same file, without importing Lightning).
 
 The wandb run is grouped by ``logger.wandb.group`` (the experiment name), typed by ``job_type``
 and tagged from the config; its config is the flattened run config (``optimizer.lr``, ...); in a
@@ -9,12 +11,13 @@ evaluation wrote becomes a line-plot panel (``charts/reliability``) so runs can 
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.loggers import CSVLogger, Logger, WandbLogger
+
+from laplace_lab.csv_metrics import CSVMetricsLogger
 
 log = logging.getLogger(__name__)
 WANDB_MODES = ("offline", "online", "disabled")
@@ -50,12 +53,19 @@ def _multirun_job_name() -> str | None:
     return None
 
 
-def build_loggers(cfg: DictConfig, output_dir: Path) -> list[Logger]:
-    """CSV logger in ``output_dir/csv``; wandb run in ``output_dir/wandb`` with the flattened config."""
-    loggers: list[Logger] = []
+def build_loggers(cfg: DictConfig, output_dir: Path, plain: bool = False) -> list:
+    """CSV logger in ``output_dir/csv``; wandb run in ``output_dir/wandb`` with the flattened config.
+    ``plain``: for the plain loop (no Lightning; the wandb logger then is an error)."""
+    loggers: list = []
+    wandb_cfg = cfg.logger.get("wandb", {})
+    if plain:
+        if wandb_cfg.get("enabled", False):
+            raise ValueError("logger.wandb.enabled=true needs trainer.loop in ['auto', 'lightning']")
+        return [CSVMetricsLogger(output_dir, "csv")] if cfg.logger.get("csv", True) else []
+    from pytorch_lightning.loggers import CSVLogger, WandbLogger
+
     if cfg.logger.get("csv", True):
         loggers.append(CSVLogger(save_dir=str(output_dir), name="csv", version=""))
-    wandb_cfg = cfg.logger.get("wandb", {})
     if wandb_cfg.get("enabled", False):
         mode = wandb_cfg.get("mode", "offline")
         if mode not in WANDB_MODES:
@@ -76,8 +86,10 @@ def build_loggers(cfg: DictConfig, output_dir: Path) -> list[Logger]:
     return loggers
 
 
-def log_reliability_chart(logger: WandbLogger, table_csv: Path) -> None:
-    """A wandb line plot (confidence -> accuracy, one line per predictor) of the reliability table."""
+def log_reliability_chart(logger, table_csv: Path) -> None:
+    """A wandb line plot (confidence -> accuracy, one line per predictor) of the reliability table
+    (``logger``: a Lightning ``WandbLogger``)."""
+    import pandas as pd
     import wandb
 
     df = pd.read_csv(table_csv)
@@ -90,10 +102,15 @@ def log_reliability_chart(logger: WandbLogger, table_csv: Path) -> None:
     logger.experiment.log({"charts/reliability": chart})
 
 
-def finish_loggers(loggers: list[Logger]) -> None:
+def _is_wandb(logger) -> bool:
+    lightning_loggers = sys.modules.get("pytorch_lightning.loggers")  # not imported: no WandbLogger exists
+    return lightning_loggers is not None and isinstance(logger, lightning_loggers.WandbLogger)
+
+
+def finish_loggers(loggers: list) -> None:
     """Flush every logger and close the wandb run, so the next run in this process starts a new one."""
     for logger in loggers:
-        if isinstance(logger, WandbLogger):
+        if _is_wandb(logger):
             table_csv = Path(logger.save_dir or ".") / "tables" / "reliability.csv"
             if table_csv.is_file():
                 try:
@@ -101,5 +118,5 @@ def finish_loggers(loggers: list[Logger]) -> None:
                 except Exception as err:  # noqa: BLE001 - a chart must never fail the run
                     log.warning("wandb reliability chart not logged: %s", err)
         logger.finalize("success")
-        if isinstance(logger, WandbLogger):
+        if _is_wandb(logger):
             logger.experiment.finish()

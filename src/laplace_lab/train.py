@@ -1,7 +1,9 @@
 """Hydra entry point: ``python -m laplace_lab.train [overrides]`` (alias ``laplace-lab-train``).
 
 Composes data, model, optimiser, trainer and loggers from ``conf/``, trains a MAP network with
-PyTorch Lightning, evaluates it on the test set, and writes into the run directory:
+PyTorch Lightning or, for small in-memory runs, the plain loop (``trainer.loop``,
+``training.loop_choice``; Lightning is then never imported), evaluates it on the test set, and
+writes into the run directory:
 ``config_resolved.yaml``, ``metrics.json``, ``csv/metrics.csv`` and (offline) ``wandb/``.
 """
 
@@ -17,7 +19,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
-import pytorch_lightning as pl
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
@@ -25,18 +26,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from laplace_lab.config_validation import validate_config
 from laplace_lab.data.base import LabDataModule
-from laplace_lab.evaluation import run_evaluation
-from laplace_lab.evaluation import validate_config as validate_evaluation_config
+from laplace_lab.evaluation.config import validate_config as validate_evaluation_config
 from laplace_lab.run_loggers import build_loggers, finish_loggers
 from laplace_lab.sweeps.devices import check_accelerator
 from laplace_lab.sweeps.jobs import record_devices, run_tracked
-from laplace_lab.training import MAPModule, ensemble, map_cache
-from laplace_lab.training.augmentation import (
-    AugmentationMarglik,
-    validate_augmentation_config,
-    wrap_model,
-)
-from laplace_lab.training.online_marglik import OnlineMarglik
+from laplace_lab.training import ensemble, loop_choice, map_cache
+from laplace_lab.training.module import MAPCore
+from laplace_lab.training.online_marglik import OnlineMarglikCore
+from laplace_lab.training.plain_loop import PlainTrainer, resolve_device, seed_everything
 from laplace_lab.training.posthoc import fit_posthoc_laplace, laplace_kwargs, needs_posthoc_laplace
 from laplace_lab.training.predictors import laplace_predictor, map_predictor
 from laplace_lab.training.resume import check_resume, run_identity
@@ -82,15 +79,29 @@ def resolve_likelihood(cfg: DictConfig, datamodule: LabDataModule) -> str:
     return cfg.likelihood
 
 
-def build(cfg: DictConfig) -> tuple[LabDataModule, MAPModule]:
-    """Instantiate the data module and the LightningModule (no training yet)."""
+def _uses_augmentation(cfg: DictConfig) -> bool:
+    """An ``augmentation`` group other than mode ``none`` (its module imports Lightning)."""
+    aug = cfg.get("augmentation")
+    return aug is not None and aug.get("mode") != "none"
+
+
+def build(cfg: DictConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPCore]:
+    """Instantiate the data module and the training module (no training yet): a ``MAPModule``
+    (LightningModule) for ``loop="lightning"``, a ``MAPCore`` for the plain loop."""
+    if loop == "lightning":  # imported before the data module, which is then a LightningDataModule (data.base)
+        from laplace_lab.training.module import MAPModule as module_class
+    else:
+        module_class = MAPCore
     datamodule: LabDataModule = instantiate(cfg.data)
     likelihood = resolve_likelihood(cfg, datamodule)
     n_out = datamodule.num_outputs * (2 if likelihood == "heteroscedastic_regression" else 1)
     model = instantiate(cfg.model)(input_shape=datamodule.input_shape, num_outputs=n_out)
-    model = wrap_model(cfg.get("augmentation"), model)  # augmentation/: logits averaged over transforms
+    if _uses_augmentation(cfg):  # augmentation/: logits averaged over transforms
+        from laplace_lab.training.augmentation import wrap_model
+
+        model = wrap_model(cfg.get("augmentation"), model)
     scheduler = instantiate(cfg.lr_scheduler) if cfg.get("lr_scheduler") else None
-    module = MAPModule(
+    module = module_class(
         model=model,
         likelihood=likelihood,
         n_data=datamodule.n_train,
@@ -105,12 +116,17 @@ def build(cfg: DictConfig) -> tuple[LabDataModule, MAPModule]:
     return datamodule, module
 
 
-def build_callbacks(cfg: DictConfig, output_dir: Path) -> list[pl.Callback]:
-    """Online marglik (``marglik=online``) and checkpointing (``checkpoint.enabled``)."""
-    callbacks: list[pl.Callback] = []
+def build_callbacks(cfg: DictConfig, output_dir: Path, loop: str = "lightning") -> list:
+    """Online marglik (``marglik=online``) and checkpointing (``checkpoint.enabled``); Lightning
+    callbacks for ``loop="lightning"``, the plain loop's hook objects otherwise."""
+    callbacks: list = []
     if cfg.marglik.mode == "online":
         m = cfg.marglik
-        callbacks.append(OnlineMarglik(
+        if loop == "lightning":
+            from laplace_lab.training.online_marglik import OnlineMarglik as marglik_class
+        else:
+            marglik_class = OnlineMarglikCore
+        callbacks.append(marglik_class(
             laplace_kwargs(cfg.curvature), prior_structure=cfg.prior.structure, frequency=m.frequency,
             n_steps=m.n_steps, burnin=m.burnin, lr_hyp=m.lr_hyp, lr_hyp_min=m.lr_hyp_min,
             optimize_sigma=m.optimize_sigma, early_stopping=m.early_stopping, log_min=m.log_min,
@@ -119,12 +135,16 @@ def build_callbacks(cfg: DictConfig, output_dir: Path) -> list[pl.Callback]:
     aug = cfg.get("augmentation")
     # after OnlineMarglik: the eta step uses the new prior; mode none + report: eta = 0 and the marglik in metrics
     if aug is not None and (aug.mode != "none" or (aug.get("report") and cfg.marglik.mode == "online")):
+        from laplace_lab.training.augmentation import AugmentationMarglik
+
         callbacks.append(AugmentationMarglik(
             aug.mode == "learned", cfg.curvature.hessian_structure, cfg.curvature.type, cfg.marglik.get("frequency", 1),
             cfg.marglik.get("burnin", 0), aug.get("lr", 0.05), aug.get("lr_min", 0.05), cfg.curvature.get("fit_batch_size"),
             cfg.curvature.subset_of_weights == "all",
         ))
     if cfg.checkpoint.enabled:  # last.ckpt, plus the best by checkpoint.monitor if set
+        import pytorch_lightning as pl
+
         monitor = cfg.checkpoint.get("monitor")
         callbacks.append(pl.callbacks.ModelCheckpoint(
             dirpath=cfg.checkpoint.dirpath or str(output_dir / "checkpoints"), every_n_epochs=cfg.checkpoint.every_n_epochs,
@@ -134,7 +154,7 @@ def build_callbacks(cfg: DictConfig, output_dir: Path) -> list[pl.Callback]:
     return callbacks
 
 
-def evaluate(cfg: DictConfig, module: MAPModule, datamodule: LabDataModule, la, loggers, output_dir: Path,
+def evaluate(cfg: DictConfig, module: MAPCore, datamodule: LabDataModule, la, loggers, output_dir: Path,
              step: int, extra_predictors: dict | None = None) -> dict[str, float]:
     """MAP and (if fitted) Laplace predictives side by side, through ``laplace_lab.evaluation``;
     ``extra_predictors`` (e.g. the ensemble's ``de`` / ``mola``) are evaluated beside them. FGSM
@@ -145,6 +165,9 @@ def evaluate(cfg: DictConfig, module: MAPModule, datamodule: LabDataModule, la, 
     predictors.update(extra_predictors or {})
     task = "classification" if module.likelihood == "classification" else "regression"
     is_toy2d = task == "classification" and tuple(datamodule.input_shape) == (2,)
+    # imported here: pandas, matplotlib and seaborn load when a run evaluates
+    from laplace_lab.evaluation.runner import run_evaluation
+
     return run_evaluation(
         cfg.evaluation, task, predictors, datamodule.test_dataloader(), ood_loaders=datamodule.ood_dataloaders(),
         attack_model=module.model, out_dir=output_dir, logger=loggers,
@@ -156,22 +179,46 @@ def evaluate(cfg: DictConfig, module: MAPModule, datamodule: LabDataModule, la, 
     )
 
 
-def train_map(cfg: DictConfig, output_dir: Path, loggers) -> tuple[LabDataModule, MAPModule, pl.Trainer, dict]:
-    """Seed, build and train (or load from the MAP cache) one network; returns its final metrics
-    ``time/fit_s`` and ``val/nll`` (the last validation NLL, the objective of sweeps)."""
-    pl.seed_everything(cfg.seed, workers=True)
+def make_trainer(cfg: DictConfig, output_dir: Path, loggers, callbacks, loop: str):
+    """Lightning's ``Trainer`` (``cfg.trainer`` but ``loop``) or the plain loop's ``PlainTrainer``."""
+    if loop == "plain":
+        t = cfg.trainer
+        return PlainTrainer(t.max_epochs, resolve_device(t.get("accelerator", "auto")), loggers, callbacks,
+                            log_every_n_steps=t.get("log_every_n_steps", 50),
+                            enable_progress_bar=t.get("enable_progress_bar", True),
+                            check_val_every_n_epoch=t.get("check_val_every_n_epoch", 1))
+    import pytorch_lightning as pl
+
+    return pl.Trainer(**loop_choice.trainer_kwargs(cfg), logger=loggers, default_root_dir=str(output_dir),
+                      callbacks=callbacks, enable_checkpointing=cfg.checkpoint.enabled)
+
+
+def train_map(cfg: DictConfig, output_dir: Path, loggers, loop: str | None = None) -> tuple[LabDataModule, MAPCore, object, dict]:
+    """Seed, build and train (or load from the MAP cache) one network with ``loop`` (``lightning`` |
+    ``plain``; None: ``trainer.loop``'s choice); returns its final metrics ``time/fit_s`` and
+    ``val/nll`` (the last validation NLL, the objective of sweeps)."""
+    loop = loop or loop_choice.choose_loop(cfg)
+    if loop == "lightning":
+        import pytorch_lightning as pl
+
+        pl.seed_everything(cfg.seed, workers=True)
+    else:
+        seed_everything(cfg.seed)
     if cfg.checkpoint.resume_from:
         check_resume(cfg, cfg.checkpoint.resume_from)
-    datamodule, module = build(cfg)
+    datamodule, module = build(cfg, loop)
     module.run_identity = run_identity(cfg)
-    callbacks = build_callbacks(cfg, output_dir)
-    trainer = pl.Trainer(**cfg.trainer, logger=loggers, default_root_dir=str(output_dir), callbacks=callbacks,
-                         enable_checkpointing=cfg.checkpoint.enabled)
+    callbacks = build_callbacks(cfg, output_dir, loop)
+    trainer = make_trainer(cfg, output_dir, loggers, callbacks, loop)
     start = time.perf_counter()
     cached = map_cache.cache_path(cfg, datamodule)
     if map_cache.load(module, cached):
         datamodule.setup("fit")
         metrics = {"time/fit_s": 0.0, "map_cache/hit": 1.0}
+    elif loop == "plain":
+        trainer.fit(module, datamodule)
+        map_cache.save(module, cached, map_cache.key_contents(cfg, datamodule) if cached else None)
+        metrics = {"time/fit_s": time.perf_counter() - start}
     else:
         trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.checkpoint.resume_from)
         map_cache.save(module, cached, map_cache.key_contents(cfg, datamodule) if cached else None)
@@ -187,7 +234,7 @@ def train_map(cfg: DictConfig, output_dir: Path, loggers) -> tuple[LabDataModule
     return datamodule, module, trainer, metrics
 
 
-def guard_counts(module: MAPModule, trainer: pl.Trainer) -> dict[str, float]:
+def guard_counts(module: MAPCore, trainer) -> dict[str, float]:
     """Skipped batches (``on_nonfinite_loss=skip``) and online marglik's rejected hyper steps,
     for metrics.json; each non-zero count is also logged as a warning."""
     counts = {}
@@ -197,7 +244,7 @@ def guard_counts(module: MAPModule, trainer: pl.Trainer) -> dict[str, float]:
             log.warning("%d training batches had a non-finite loss and were skipped (on_nonfinite_loss=skip)",
                         module.n_skipped_batches)
     for callback in trainer.callbacks:
-        if isinstance(callback, OnlineMarglik):
+        if isinstance(callback, OnlineMarglikCore):
             counts["marglik/rejected_steps"] = float(callback.n_rejected)
             counts["marglik/accepted_steps"] = float(callback.hyper_steps_done)
     return counts
@@ -215,7 +262,7 @@ def check_final_metrics(metrics: dict[str, float], path: Path) -> None:
                                     f"(all metrics are kept in {path})")
 
 
-def validation_nll(module: MAPModule, datamodule: LabDataModule) -> float:
+def validation_nll(module: MAPCore, datamodule: LabDataModule) -> float:
     """Mean NLL of the MAP network on the validation set."""
     module.eval()
     total, n = 0.0, 0
@@ -226,7 +273,7 @@ def validation_nll(module: MAPModule, datamodule: LabDataModule) -> float:
     return total / n
 
 
-def validation_rmse(module: MAPModule, datamodule: LabDataModule) -> float:
+def validation_rmse(module: MAPCore, datamodule: LabDataModule) -> float:
     """Root mean squared error of the MAP network on the validation set (standardised units)."""
     module.eval()
     with torch.no_grad():
@@ -234,7 +281,7 @@ def validation_rmse(module: MAPModule, datamodule: LabDataModule) -> float:
     return float(torch.cat(err).mean().sqrt())
 
 
-def train_map_grid(cfg: DictConfig, output_dir: Path, loggers):
+def train_map_grid(cfg: DictConfig, output_dir: Path, loggers, loop: str | None = None):
     """MAP with its prior precision (the weight decay, ``delta = weight_decay * N``) chosen from
     ``map_grid`` by the validation NLL; each grid point is trained from the same seed. For
     regression the chosen network's noise std is then set to its validation RMSE."""
@@ -243,7 +290,7 @@ def train_map_grid(cfg: DictConfig, output_dir: Path, loggers):
         point = cfg.copy()
         point.prior.prior_precision = float(delta)
         point.map_grid = None
-        datamodule, module, trainer, metrics = train_map(point, output_dir / f"grid_{delta:g}", loggers=[])
+        datamodule, module, trainer, metrics = train_map(point, output_dir / f"grid_{delta:g}", loggers=[], loop=loop)
         metrics["val/nll"] = validation_nll(module, datamodule)
         grid_metrics[f"grid/prior_{delta:g}/val_nll"] = metrics["val/nll"]
         total_time += metrics["time/fit_s"]
@@ -282,22 +329,27 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     """Validate, build, train and evaluate one run; returns the final metrics."""
     with config_phase():
         validate_config(cfg)
-        validate_augmentation_config(cfg)
+        if _uses_augmentation(cfg):  # mode none needs no check (its module imports Lightning)
+            from laplace_lab.training.augmentation import validate_augmentation_config
+
+            validate_augmentation_config(cfg)
         validate_evaluation_config(cfg.evaluation)
         ensemble.validate_ensemble_config(cfg)
         check_accelerator(cfg.trainer)
+        loop = loop_choice.choose_loop(cfg)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     if cfg.torch_num_threads:
         torch.set_num_threads(int(cfg.torch_num_threads))
     if ensemble.enabled(cfg) and cfg.ensemble.member is not None:  # train one member into the MAP cache
         return ensemble.run_member_job(cfg, output_dir, train_map)
-    loggers = build_loggers(cfg, output_dir)
+    loggers = build_loggers(cfg, output_dir, plain=loop == "plain")
     if cfg.map_grid:
-        datamodule, module, trainer, metrics = train_map_grid(cfg, output_dir, loggers)
+        datamodule, module, trainer, metrics = train_map_grid(cfg, output_dir, loggers, loop)
     else:
-        datamodule, module, trainer, metrics = train_map(cfg, output_dir, loggers)
-    module.to(trainer.strategy.root_device)  # Lightning's teardown moved it to the CPU: fit the Laplace where it trained
+        datamodule, module, trainer, metrics = train_map(cfg, output_dir, loggers, loop)
+    # the loops' teardown moved it to the CPU: fit the Laplace where it trained
+    module.to(trainer.root_device if loop == "plain" else trainer.strategy.root_device)
     record_devices(output_dir, trainer, module)
     if module.likelihood == "regression":
         metrics["hparams/sigma_noise"] = module.sigma_noise.item()

@@ -12,6 +12,7 @@ from laplace_lab.config_validation import validate_config
 from laplace_lab.run_loggers import build_loggers
 from laplace_lab.sweeps.callback import validate_aggregate
 from laplace_lab.train import instantiate
+from laplace_lab.training.loop_choice import trainer_kwargs
 from tests.conftest import CONF_DIR, compose_config
 
 # hydra/launcher options need the optional launcher plugins; they are tested in their own module.
@@ -87,7 +88,7 @@ def test_optimizer_and_scheduler_instantiate(group):
 def test_trainer_and_logger_instantiate(tmp_path):
     for f in sorted((CONF_DIR / "trainer").glob("*.yaml")):
         cfg = compose_config([f"trainer={f.stem}", "trainer.accelerator=cpu"])
-        pl.Trainer(**cfg.trainer, logger=False, enable_checkpointing=False)
+        pl.Trainer(**trainer_kwargs(cfg), logger=False, enable_checkpointing=False)
     for f in sorted((CONF_DIR / "logger").glob("*.yaml")):
         cfg = compose_config([f"logger={f.stem}", "logger.wandb.enabled=false"] if f.stem == "default" else [f"logger={f.stem}"])
         assert build_loggers(cfg, tmp_path)

@@ -11,13 +11,18 @@ the evaluation, so nothing downstream special-cases datasets:
   targets (tensors of shape ``[num_outputs]``), so metrics can be reported in original units.
 - ``input_range``: valid range of inputs (used to clamp adversarial inputs).
 - ``ood_dataloaders()``: test loaders of out-of-distribution sets, keyed by dataset name.
+
+A data module is a plain object unless Lightning is already imported when it is created: then it
+is a ``LightningDataModule`` (``LabDataModule.__new__``), so Lightning's Trainer takes it, while
+the plain loop (``training.plain_loop``) runs without importing Lightning.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
 
-import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset, TensorDataset, random_split
 
@@ -94,11 +99,32 @@ class BatchIndexSampler(Sampler[torch.Tensor]):
         yield from order.split(self.batch_size)
 
 
-class LabDataModule(pl.LightningDataModule):
+@functools.cache
+def _lightning_variant(cls: type) -> type:
+    """``cls`` with ``LightningDataModule`` after it in the MRO (the order of a direct subclass)."""
+    import pytorch_lightning as pl
+
+    return type(cls.__name__, (cls, pl.LightningDataModule),
+                {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
+
+
+class LabDataModule:
     """Base class: holds train/val/test datasets and builds their loaders."""
 
     task: str = "classification"
     input_range: tuple[float, float] | None = None
+
+    def __new__(cls, *args, **kwargs):
+        lightning = sys.modules.get("pytorch_lightning")
+        if lightning is not None and not issubclass(cls, lightning.LightningDataModule):
+            cls = _lightning_variant(cls)
+        return super().__new__(cls)
+
+    def setup(self, stage: str | None = None) -> None:
+        """Build the datasets (subclasses); Lightning calls it with ``stage``."""
+
+    def prepare_data(self) -> None:
+        """Download what ``setup`` needs (subclasses); called once before ``setup``."""
 
     def __init__(self, batch_size: int = 128, eval_batch_size: int = 512, num_workers: int = 0, seed: int = 0):
         super().__init__()

@@ -53,7 +53,15 @@ Modules: ``config`` (validation), ``metrics``, ``predict`` (running predictors),
 """
 
 from laplace_lab.evaluation.config import EvalConfig, validate_config
-from laplace_lab.evaluation.runner import metric_key, run_evaluation
-from laplace_lab.evaluation.toy2d import toy2d_contours
 
 __all__ = ["EvalConfig", "metric_key", "run_evaluation", "toy2d_contours", "validate_config"]
+_LAZY = {"metric_key": "runner", "run_evaluation": "runner", "toy2d_contours": "toy2d"}
+
+
+def __getattr__(name: str):
+    """``runner`` / ``toy2d`` names on first use (they import pandas, matplotlib and seaborn)."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"laplace_lab.evaluation.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

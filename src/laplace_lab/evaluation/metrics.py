@@ -28,7 +28,6 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
-from torchmetrics.functional.classification import binary_auroc, multiclass_calibration_error
 
 _EPS = 1e-12
 
@@ -87,6 +86,9 @@ def _calib_probs(probs: Tensor) -> Tensor:
 def calibration_error(probs: Tensor, y: Tensor, n_bins: int = 15, norm: str = "l1") -> float:
     """Top-label calibration error via torchmetrics; ``norm="l1"`` is ECE, ``"max"`` is MCE."""
     _check(probs, y)
+    # imported here: torchmetrics pulls in torchvision (seconds)
+    from torchmetrics.functional.classification import multiclass_calibration_error
+
     return multiclass_calibration_error(
         _calib_probs(probs), y.long(), num_classes=probs.shape[1], n_bins=n_bins, norm=norm
     ).item()
@@ -141,6 +143,8 @@ def auroc(score_in: Tensor, score_out: Tensor) -> float:
     """Area under the ROC curve, in-distribution scores as positives (torchmetrics)."""
     scores = torch.cat([score_in, score_out]).double()
     target = torch.cat([torch.ones(len(score_in)), torch.zeros(len(score_out))]).long()
+    from torchmetrics.functional.classification import binary_auroc  # imported here (seconds)
+
     return binary_auroc(scores, target).item()
 
 

@@ -17,6 +17,7 @@ import csv
 import json
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -28,11 +29,8 @@ log = logging.getLogger(__name__)
 
 
 def _is_wandb_logger(lg) -> bool:
-    try:
-        from pytorch_lightning.loggers import WandbLogger
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(lg, WandbLogger)
+    loggers = sys.modules.get("pytorch_lightning.loggers")  # not imported: lg cannot be one (no import here)
+    return loggers is not None and isinstance(lg, loggers.WandbLogger)
 
 
 class Reporter:

@@ -20,8 +20,6 @@ import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import TensorDataset
-from torchvision.transforms import InterpolationMode
-from torchvision.transforms import functional as TF
 
 CIFAR10C_CORRUPTIONS = (
     "gaussian_noise", "shot_noise", "impulse_noise", "defocus_blur", "glass_blur", "motion_blur",
@@ -38,6 +36,9 @@ def rotate_images(x: Tensor, angle: float) -> Tensor:
         raise ValueError(f"rotation needs image batches [B, C, H, W]; got {tuple(x.shape)}")
     if angle == 0:
         return x
+    from torchvision.transforms import InterpolationMode  # seconds to import (torch._dynamo)
+    from torchvision.transforms import functional as TF
+
     return TF.rotate(x, float(angle), interpolation=InterpolationMode.NEAREST)
 
 

@@ -40,7 +40,7 @@ def check_accelerator(trainer_cfg: Any) -> None:
 def device_record(trainer: Any = None, module: Any = None) -> dict[str, Any]:
     """``status.json["devices"]`` of a run (see the module docstring); fields it cannot know are None.
 
-    ``trainer``: a Lightning Trainer; ``module``: the ``nn.Module`` that runs (torch is imported
+    ``trainer``: a Lightning Trainer or the plain loop's ``PlainTrainer``; ``module``: the ``nn.Module`` that runs (torch is imported
     here only, so that launching a job stays light)."""
     import torch
 
@@ -48,7 +48,8 @@ def device_record(trainer: Any = None, module: Any = None) -> dict[str, Any]:
     param = next(module.parameters(), None) if module is not None else None
     record["torch_device"] = str(param.device) if param is not None else None
     if trainer is not None:
-        record["accelerator"] = type(trainer.accelerator).__name__.removesuffix("Accelerator").lower()
+        record["accelerator"] = (getattr(trainer, "accelerator_name", None)  # the plain loop's, else Lightning's
+                                 or type(trainer.accelerator).__name__.removesuffix("Accelerator").lower())
         record["device_ids"] = list(trainer.device_ids)
     else:
         record["accelerator"] = record["device_ids"] = None

@@ -25,7 +25,7 @@ from typing import Any
 
 RUN_ONLY_KEYS = ("paths", "logger", "aggregate", "experiment_name", "map_cache", "torch_num_threads")
 RUN_ONLY_SUBKEYS = {
-    "trainer": ("enable_progress_bar", "enable_model_summary", "log_every_n_steps"),
+    "trainer": ("enable_progress_bar", "enable_model_summary", "log_every_n_steps", "loop"),
     "evaluation": ("progress",),
     "data": ("data_dir",),
     "checkpoint": ("dirpath", "resume_from", "every_n_epochs", "enabled"),

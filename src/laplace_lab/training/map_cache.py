@@ -32,7 +32,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from laplace_lab.sweeps.run_only import RUN_ONLY_KEYS, RUN_ONLY_SUBKEYS, strip_run_only
-from laplace_lab.training.module import MAPModule
+from laplace_lab.training.module import MAPCore
 
 log = logging.getLogger(__name__)
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -86,7 +86,7 @@ def cache_path(cfg: DictConfig, datamodule: Any = None) -> Path | None:
     return Path(cfg.map_cache.dir) / f"{cache_key(cfg, datamodule)}.pt"
 
 
-def load(module: MAPModule, path: Path | None) -> bool:
+def load(module: MAPCore, path: Path | None) -> bool:
     """Load the cached weights and hyperparameter buffers into ``module``; ``False`` if absent
     (or unreadable: then with a warning, and the network is trained again)."""
     if path is None or not path.exists():
@@ -100,7 +100,7 @@ def load(module: MAPModule, path: Path | None) -> bool:
     return True
 
 
-def save(module: MAPModule, path: Path | None, contents: dict[str, Any] | None = None) -> bool:
+def save(module: MAPCore, path: Path | None, contents: dict[str, Any] | None = None) -> bool:
     """Write the network to ``path`` (and ``contents`` to ``<key>.json``); a folder that cannot be
     written gives a warning and ``False`` (no cache), never an error that would lose the run."""
     if path is None:

@@ -1,4 +1,7 @@
-"""LightningModule for MAP training with a Gaussian prior whose precisions are buffers.
+"""MAP training with a Gaussian prior whose precisions are buffers: ``MAPCore`` (a plain
+``nn.Module`` with the training / evaluation steps, run by ``training.plain_loop``) and
+``MAPModule`` (the same class as a Lightning ``LightningModule``, ``training.lightning_classes``;
+importing it here imports Lightning).
 
 Training objective (per datum, so it is comparable across dataset sizes):
 
@@ -20,7 +23,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import pytorch_lightning as pl
 import torch
 from torch import nn
 
@@ -30,8 +32,13 @@ from laplace_lab.training.nll import LIKELIHOODS, natural_to_mean_var, summed_nl
 RUN_IDENTITY_KEY = "laplace_lab_run_identity"
 
 
-class MAPModule(pl.LightningModule):
+class MAPCore(nn.Module):
     """MAP training of ``model`` under ``likelihood`` with a per-tensor Gaussian prior.
+
+    The step hooks follow Lightning's names (``training_step``, ``configure_optimizers``, ...), so
+    ``MAPModule`` (``MAPCore`` + ``LightningModule``) runs the same code under Lightning's Trainer.
+    Here, without Lightning, ``self._trainer`` is the plain loop's state (``training.plain_loop``)
+    and ``log_dict`` hands it the values.
 
     Args:
         model: the network; ``model(x)`` returns logits ``[B, C]`` or outputs ``[B, O]``
@@ -63,6 +70,7 @@ class MAPModule(pl.LightningModule):
         on_nonfinite_loss: str = "error",
     ):
         super().__init__()
+        self._trainer = None  # the loop that runs this module (Lightning's Trainer or the plain loop)
         if likelihood not in LIKELIHOODS:
             raise ValueError(f"likelihood={likelihood!r} is not supported; allowed: {list(LIKELIHOODS)}")
         if n_data <= 0 or temperature <= 0 or sigma_noise <= 0:
@@ -88,6 +96,21 @@ class MAPModule(pl.LightningModule):
         self.register_buffer("log_sigma_noise", torch.tensor(float(sigma_noise)).log())
         # Set by the online-marglik callback in fused mode: records curvature during training steps.
         self.fused_curvature = None
+
+    # --- what the plain loop provides (Lightning's versions win in MAPModule) --------------
+    @property
+    def trainer(self):
+        return self._trainer
+
+    @property
+    def current_epoch(self) -> int:
+        return self._trainer.current_epoch if self._trainer is not None else 0
+
+    def log_dict(self, values: dict, **kwargs) -> None:
+        """Hand ``values`` to the plain loop, which logs them as Lightning's ``log_dict`` would
+        with the same keyword arguments (``on_step=False, on_epoch=True, batch_size``)."""
+        if self._trainer is not None:
+            self._trainer.log_dict(values, **kwargs)
 
     # --- hyperparameters ------------------------------------------------------------------
     @property
@@ -195,3 +218,12 @@ class MAPModule(pl.LightningModule):
         if self.scheduler_factory is None:
             return optimizer
         return {"optimizer": optimizer, "lr_scheduler": self.scheduler_factory(optimizer)}
+
+
+def __getattr__(name: str):
+    """``MAPModule`` (the Lightning class) on first use: importing Lightning costs seconds."""
+    if name == "MAPModule":
+        from laplace_lab.training.lightning_classes import MAPModule
+
+        return MAPModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,8 +38,8 @@ import copy
 import logging
 import math
 import time
+from typing import TYPE_CHECKING
 
-import pytorch_lightning as pl
 import torch
 from torch import nn
 
@@ -52,7 +52,11 @@ from laplace_lab.training.hyperparameters import (
     subset_tensor_indices,
     write_prior,
 )
-from laplace_lab.training.module import MAPModule
+
+if TYPE_CHECKING:  # annotations only: Lightning is imported where a Lightning Trainer runs
+    import pytorch_lightning as pl
+
+    from laplace_lab.training.module import MAPModule
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +89,10 @@ def fit_for_marglik(la: Laplace, module: MAPModule, loader):
     return differentiable_marglik.fit_laplace(la, module.model, loader, module.likelihood)
 
 
-class OnlineMarglik(pl.Callback):
-    """Lightning callback for Algorithm 1. See the module docstring for conventions.
+class OnlineMarglikCore:
+    """Algorithm 1 as Lightning callback hooks (``trainer``: Lightning's Trainer or the plain loop's
+    state, ``training.plain_loop``); ``OnlineMarglik`` is this class as a Lightning ``Callback``
+    (``training.lightning_classes``). See the module docstring for conventions.
 
     Args:
         laplace_kwargs: ``subset_of_weights``, ``hessian_structure``, ``curvature``,
@@ -307,3 +313,12 @@ class OnlineMarglik(pl.Callback):
             self.hyper = MarglikOptimizer.from_state_dict(
                 {"log_prior": state["log_prior"], "log_sigma": state["log_sigma"], "adam": state["hyper_optimizer"]},
                 lr=self.lr_hyp, log_min=self.log_min, log_max=self.log_max)
+
+
+def __getattr__(name: str):
+    """``OnlineMarglik`` (the Lightning callback) on first use: importing Lightning costs seconds."""
+    if name == "OnlineMarglik":
+        from laplace_lab.training.lightning_classes import OnlineMarglik
+
+        return OnlineMarglik
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,7 +23,7 @@ from laplace_lab.laplace import Laplace
 from laplace_lab.laplace.linear_mode import fit_linear_mode
 from laplace_lab.laplace.spec import structure_class
 from laplace_lab.training.hyperparameters import example_input, initial_log_prior
-from laplace_lab.training.module import MAPModule
+from laplace_lab.training.module import MAPCore
 
 log = logging.getLogger(__name__)
 LINEAR_MODE_KEYS = ("n_outer", "tol", "prior_max_iter", "round_newton", "max_newton", "newton_tol", "cg_tol",
@@ -56,7 +56,7 @@ def linear_mode_kwargs(marglik_cfg: DictConfig) -> dict:
     return {k: v for k, v in given.items() if k in LINEAR_MODE_KEYS and v is not None}
 
 
-def fit_posthoc_laplace(cfg: DictConfig, module: MAPModule, datamodule: LabDataModule) -> tuple[Laplace, dict]:
+def fit_posthoc_laplace(cfg: DictConfig, module: MAPCore, datamodule: LabDataModule) -> tuple[Laplace, dict]:
     """Fit the configured Laplace at the module's weights; returns it and its summary metrics."""
     start = time.perf_counter()
     sigma = float(module.sigma_noise) if module.likelihood == "regression" else 1.0

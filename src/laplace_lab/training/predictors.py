@@ -8,11 +8,11 @@ from collections.abc import Callable
 import torch
 from omegaconf import DictConfig
 
-from laplace_lab.training.module import MAPModule
+from laplace_lab.training.module import MAPCore
 from laplace_lab.training.nll import natural_to_mean_var
 
 
-def map_predictor(module: MAPModule) -> Callable:
+def map_predictor(module: MAPCore) -> Callable:
     """The plug-in (MAP) predictive of the trained network."""
 
     def predict(x: torch.Tensor):

@@ -1,0 +1,29 @@
+"""The Lightning classes of laplace-lab: ``MAPCore`` and ``OnlineMarglikCore`` as a
+``LightningModule`` and a ``Callback``, for Lightning's Trainer (``trainer.loop=lightning``).
+
+Importing this module imports Lightning (seconds, with torchmetrics and what it pulls in); the
+plain loop (``training.plain_loop``) runs the core classes without it. ``MAPModule`` and
+``OnlineMarglik`` are also reachable as ``training.module.MAPModule`` and
+``training.online_marglik.OnlineMarglik`` (loaded on first use). Data modules need no class
+here: ``data.base.LabDataModule`` becomes a ``LightningDataModule`` once Lightning is imported.
+"""
+
+from __future__ import annotations
+
+import pytorch_lightning as pl
+
+from laplace_lab.training.module import MAPCore
+from laplace_lab.training.online_marglik import OnlineMarglikCore
+
+
+class MAPModule(MAPCore, pl.LightningModule):
+    """``MAPCore`` under Lightning: its steps and hooks, with Lightning's logging and trainer link
+    (the names ``MAPCore`` defines for the plain loop are Lightning's here)."""
+
+    trainer = pl.LightningModule.trainer
+    current_epoch = pl.LightningModule.current_epoch
+    log_dict = pl.LightningModule.log_dict
+
+
+class OnlineMarglik(OnlineMarglikCore, pl.Callback):
+    """``OnlineMarglikCore`` as a Lightning callback (checkpoint state under the key ``OnlineMarglik``)."""
