@@ -110,7 +110,7 @@ def test_find_entry(peer, tmp_path):
     assert peer.find_entry(contents, "ffff", tmp_path) == (tmp_path / "bbbb.pt", "config")
     _entry(tmp_path, "ffff", contents["config"], "new")
     assert peer.find_entry(contents, "ffff", tmp_path) == (tmp_path / "ffff.pt", "exact")
-    _entry(tmp_path, "cccc", contents["config"], "older")
+    _entry(tmp_path, "cccc", {**contents["config"], "logger": {"x": 1}}, "older")  # a key now run-only
     with pytest.raises(LookupError, match="3 MAP cache entries"):
         peer.find_entry(contents, "eeee", tmp_path)
 

@@ -30,7 +30,8 @@ recorded in the sweep's ``launches.jsonl``; ``--map-cache-dir`` overrides). The 
 file named by the job's cache key (``map_cache.cache_key``) when the code is the same; else the
 unique entry whose ``<key>.json`` has the same training config and data files (the code hash
 left out, so a later checkout finds the MAP networks of an earlier commit). None, or several:
-an error naming the candidates.
+an error naming the candidates. The job's config is rebuilt with today's code (``train.build``),
+so run the script from the sweep's commit or a later one that still accepts that config.
 
 One row per (seed, method) in a CSV; rows already there are skipped (resumable).
 ``--summary`` prints mean +- s.e. per method (our jobs' beside, from their ``metrics.json``)
@@ -56,6 +57,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from laplace_lab.evaluation import run_evaluation
+from laplace_lab.sweeps.run_only import RUN_ONLY_KEYS, RUN_ONLY_SUBKEYS, strip_run_only
 from laplace_lab.training import map_cache
 from laplace_lab.training.predictors import map_predictor
 
@@ -155,6 +157,13 @@ def _jsonable(obj):
     return json.loads(json.dumps(obj, sort_keys=True, default=str))
 
 
+def _strip(config: dict) -> dict:
+    """A cache key's config without today's deny-listed keys (an entry written by older code may
+    keep a key that has since become run-only or post-hoc-only)."""
+    return strip_run_only(config, RUN_ONLY_KEYS + map_cache.POSTHOC_ONLY_KEYS,
+                          {**RUN_ONLY_SUBKEYS, **map_cache.POSTHOC_ONLY_SUBKEYS})
+
+
 def find_entry(contents: dict, key: str, cache_dir: Path) -> tuple[Path, str]:
     """The cache entry of a job whose ``map_cache.key_contents`` are ``contents`` and key ``key``:
     ``<key>.pt`` ("exact"), else the unique ``<k>.pt`` whose ``<k>.json`` has the same
@@ -162,14 +171,17 @@ def find_entry(contents: dict, key: str, cache_dir: Path) -> tuple[Path, str]:
     exact = cache_dir / f"{key}.pt"
     if exact.exists():
         return exact, "exact"
-    want = _jsonable({"config": contents["config"], "data_files": contents["data_files"]})
+    want = _jsonable({"config": _strip(contents["config"]), "data_files": contents["data_files"]})
     matches = []
     for meta in sorted(cache_dir.glob("*.json")):
         try:
             have = json.loads(meta.read_text())
         except (OSError, ValueError):
             continue
-        if {"config": have.get("config"), "data_files": have.get("data_files")} == want and meta.with_suffix(".pt").exists():
+        if not isinstance(have, dict) or not isinstance(have.get("config"), dict):
+            continue
+        same = {"config": _strip(have["config"]), "data_files": have.get("data_files")} == want
+        if same and meta.with_suffix(".pt").exists():
             matches.append(meta.with_suffix(".pt"))
     if len(matches) == 1:
         return matches[0], "config"
