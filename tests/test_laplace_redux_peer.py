@@ -122,5 +122,12 @@ def test_sweep_jobs(peer, tmp_path):
         (job / "config_resolved.yaml").write_text(f"seed: {seed}\nmethod_name: {method}\n")
     jobs = peer.sweep_jobs(tmp_path)
     assert sorted(jobs) == [0, 1] and set(jobs[0]) == {"la", "kron"}
+    # the summary sets our finished jobs of the same seeds beside laplace-torch's rows
+    for seed, ece in [(0, 0.01), (1, 0.03)]:
+        (tmp_path / f"method=la,seed={seed}" / "metrics.json").write_text(json.dumps({"test/la/ece": ece}))
+    row = {f: "0.5" for f in peer.FIELDS} | {"seed": "0", "method_name": "la"}
+    text = peer.summary([row], peer.COMMAND, tmp_path)
+    assert "test/la/ece | 0.5000 | 0.0100" in text and "same seeds (n=1)" in text
+    assert "no reference.yaml entries" in text  # one seed: no s.e., no entry
     with pytest.raises(FileNotFoundError, match="no job folders"):
         peer.sweep_jobs(tmp_path / "method=la,seed=1")

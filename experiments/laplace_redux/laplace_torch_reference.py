@@ -280,14 +280,14 @@ REFERENCE_METRICS = ["test/la/nll", "test/la/ece", "test/la/brier", "ood/fashion
                      "ood/fashion_mnist/la/auroc", "ood/noise/la/conf"]
 
 
-def ours_by_method(sweep_dir: Path | None) -> dict[str, list[dict]]:
-    """``{method_name: [metrics.json of each finished job]}`` of the sweep (empty without one)."""
-    out: dict[str, list[dict]] = {}
+def ours_by_method(sweep_dir: Path | None) -> dict[str, dict[int, dict]]:
+    """``{method_name: {seed: metrics.json}}`` of the sweep's finished jobs (empty without one)."""
+    out: dict[str, dict[int, dict]] = {}
     for cfg_path in sorted(sweep_dir.glob("*/config_resolved.yaml")) if sweep_dir else []:
         metrics = cfg_path.parent / "metrics.json"
         if metrics.exists():
-            method = str(OmegaConf.load(cfg_path).method_name)
-            out.setdefault(method, []).append(json.loads(metrics.read_text()))
+            cfg = OmegaConf.load(cfg_path)
+            out.setdefault(str(cfg.method_name), {})[int(cfg.seed)] = json.loads(metrics.read_text())
     return out
 
 
@@ -296,7 +296,8 @@ def _fmt(stat: tuple[float, float]) -> str:
 
 
 def summary(rows: list[dict], command: str, sweep_dir: Path | None = None) -> str:
-    """Per method: mean ± s.e. over seeds of laplace-torch and (finished jobs) ours; then
+    """Per method: mean ± s.e. over seeds of laplace-torch and of our finished jobs of the same
+    seeds (``sweep_dir``); then
     reference.yaml entries (tolerance: 2 s.e. of laplace-torch over the seeds, stated)."""
     ours = ours_by_method(sweep_dir)
     lines, entries = [], []
@@ -305,12 +306,13 @@ def summary(rows: list[dict], command: str, sweep_dir: Path | None = None) -> st
         if not mrows:
             continue
         seeds = sorted(int(r["seed"]) for r in mrows)
+        own_jobs = [m for seed, m in ours.get(method, {}).items() if seed in seeds]  # the same seeds only
         prior = mean_se([float(r["peer/prior_precision_mean"]) for r in mrows])
         lines += [f"\n{method} (seeds {seeds}; laplace-torch prior precision mean {_fmt(prior)})",
-                  f"metric | laplace-torch (n={len(mrows)}) | ours (n={len(ours.get(method, []))})", "---|---|---"]
+                  f"metric | laplace-torch (n={len(mrows)}) | ours, same seeds (n={len(own_jobs)})", "---|---|---"]
         for metric in SUMMARY_METRICS:
             peer = mean_se([float(r[metric]) for r in mrows])
-            own = [m[metric] for m in ours.get(method, []) if metric in m]
+            own = [m[metric] for m in own_jobs if metric in m]
             lines.append(f"{metric} | {_fmt(peer)} | {_fmt(mean_se(own)) if own else '-'}")
         for metric in REFERENCE_METRICS:
             mean, se = mean_se([float(r[metric]) for r in mrows])
