@@ -407,8 +407,8 @@ def provenance_lines(name: str, prov: dict[str, Any]) -> list[str]:
                   + "; ".join(prov["problems"])]
     else:
         contains = f"; contains conf/experiment/{prov['preset']}.yaml" if prov.get("preset") else ""
-        commit = [f"commit: {', '.join(prov['commits'])} (dirty: False; clean at job start: no modified, untracked "
-                  f"or ignored package files{contains})"]
+        commit = [f"commit: {', '.join(prov['commits'])} (dirty: False)",
+                  f"clean at job start: no modified, untracked or ignored package files{contains}"]
     return [
         f"table: {name}",
         *commit,

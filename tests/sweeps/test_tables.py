@@ -130,7 +130,8 @@ def test_markdown_rows_and_provenance_header(sweep, tmp_path):
     text = md.read_text()
     lines = text.splitlines()
     assert lines[0] == "# toy"
-    assert "- commit: abc1234 (dirty: False; clean at job start: no modified, untracked or ignored package files)" in lines
+    assert "- commit: abc1234 (dirty: False)" in lines
+    assert "- clean at job start: no modified, untracked or ignored package files" in lines
     assert "- command (recorded at launch): python -m laplace_lab.train -m x=1" in lines
     assert "- seeds: seed: 0, 1, 2" in lines
     assert any(line.startswith("- hardware (recorded by the jobs): Linux-test, 2 CPUs, torch 9.9, device: CPU only")
