@@ -67,9 +67,9 @@ def worker(args) -> dict:
     def lanczos_fit():
         la = Laplace(model, "classification", subset_of_weights="all", hessian_structure="lowrank",
                      n_eigs=args.rank)
-        la._structure.block_size = 10
+        la.structure.block_size = 10
         la.fit(data)
-        s = la._structure
+        s = la.structure
         U, lam = s.U[:, :10], s.eigvals[:10]
         res = (op.matmat(U) - U * lam).norm(dim=0) / lam[0]
         info.update(n_products=s.op.n_products, top_eig=float(lam[0]), k_kept=int(s.eigvals.numel()),

@@ -63,7 +63,7 @@ def test_peer_row(peer, tiny, method, tmp_path):
     for field in peer.METRICS + [f for f in peer.PEER if f != "peer/prior_precision"]:
         assert math.isfinite(row[field]), field
     # the MAP columns are our metric functions on the network's softmax
-    X, y = next(iter(dm._loader(dm.test_set, shuffle=False, batch_size=64)))
+    X, y = next(iter(torch.utils.data.DataLoader(dm.test_set, batch_size=64, shuffle=False)))
     with torch.no_grad():
         probs = torch.softmax(module.model(X), -1)
     assert row["test/map/acc"] == pytest.approx(M.accuracy(probs, y))

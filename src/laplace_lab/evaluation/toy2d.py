@@ -11,13 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import seaborn as sns
 import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
 from laplace_lab.evaluation.plots import new_figure
 from laplace_lab.evaluation.predict import predict_probs
+
+# seaborn's "bright" palette (class colours of the scatter, cycled beyond 10 classes)
+BRIGHT = ("#023eff", "#ff7c00", "#1ac938", "#e8000b", "#8b2be2",
+          "#9f4800", "#f14cc1", "#a3a3a3", "#ffc400", "#00d7ff")
 
 
 def _box(X: Tensor, margin: float, zoom: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
@@ -56,7 +59,7 @@ def _draw(xx, yy, values, X, y, class_index, n_classes, title) -> Figure:
     fig, axes = new_figure(1, len(names), size=(3.4, 3.0), sharex=True, sharey=True)
     lo = 0.0 if class_index is not None else 1.0 / n_classes
     levels = np.linspace(lo, 1.0, 11)
-    palette = sns.color_palette("bright", n_classes)
+    palette = [BRIGHT[c % len(BRIGHT)] for c in range(n_classes)]
     markers = "osD^vP*X<>"
     X, y = X.numpy(), y.numpy()
     cs = None

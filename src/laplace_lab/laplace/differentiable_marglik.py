@@ -180,10 +180,7 @@ def fit_laplace(la, model: nn.Module, loader, likelihood: str = "classification"
         raise ValueError("fit_laplace: la must be a Laplace of the same AugmentedModel over all its layers")
     la.fit_begin()  # resets the accumulators, eval mode, stores the mean
     fac = fit_factors(model, loader, structure, curvature, likelihood)
-    if structure == "kron":
-        la._structure.raw = [dict(part) for part in fac.layers]
-    else:
-        la._structure.h = torch.cat(fac.layers).to(la._structure.h.dtype)
+    la.structure.load_layer_curvature(fac.layers)
     la.loss, la.n_data = fac.loss.detach(), fac.n
     la.n_outputs = layers[-1].weight.shape[0]
     la.fit_end()  # KFAC eigendecompositions; restores the train/eval mode

@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 
 from laplace_lab.laplace import differentiable_marglik as dm
 from laplace_lab.models.augmentation import TRANSFORMS, AffineAugmentation, AugmentedModel
-from laplace_lab.training.online_marglik import marglik_epochs
+from laplace_lab.training.online_marglik import is_marglik_epoch, marglik_epochs
 
 MODES = ("none", "fixed", "learned")
 
@@ -148,7 +148,7 @@ class AugmentationMarglik(pl.Callback):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, module) -> None:
         values = {}
-        if self.learn and trainer.current_epoch + 1 in marglik_epochs(trainer.max_epochs, self.burnin, self.frequency):
+        if self.learn and is_marglik_epoch(trainer.current_epoch + 1, trainer.max_epochs, self.burnin, self.frequency):
             values["augmentation/log_marglik"] = self._step(trainer, module)
         values.update(_ranges(module.model))
         self.history.append({"epoch": trainer.current_epoch + 1, **values})

@@ -102,6 +102,10 @@ class MAPCore(nn.Module):
     def trainer(self):
         return self._trainer
 
+    @trainer.setter
+    def trainer(self, trainer) -> None:
+        self._trainer = trainer
+
     @property
     def current_epoch(self) -> int:
         return self._trainer.current_epoch if self._trainer is not None else 0

@@ -69,9 +69,15 @@ def warn_rejected(rejected: int, n_steps: int, epoch: int) -> None:
                     "marglik.lr_hyp) !!!", epoch, rejected, n_steps)
 
 
+def is_marglik_epoch(epoch: int, max_epochs: int, burnin: int, frequency: int) -> bool:
+    """Whether a marglik step runs after the 1-based ``epoch``: ``1 <= epoch <= max_epochs``,
+    ``epoch >= burnin`` and ``(epoch - burnin) % F == 0``."""
+    return max(burnin, 1) <= epoch <= max_epochs and (epoch - burnin) % frequency == 0
+
+
 def marglik_epochs(max_epochs: int, burnin: int, frequency: int) -> list[int]:
-    """1-based epochs after which a marglik step runs: ``e >= burnin`` and ``(e - burnin) % F == 0``."""
-    return [e for e in range(1, max_epochs + 1) if e >= max(burnin, 1) and (e - burnin) % frequency == 0]
+    """1-based epochs after which a marglik step runs (``is_marglik_epoch``)."""
+    return [e for e in range(1, max_epochs + 1) if is_marglik_epoch(e, max_epochs, burnin, frequency)]
 
 
 def fit_for_marglik(la: Laplace, module: MAPModule, loader):
@@ -176,7 +182,7 @@ class OnlineMarglikCore:
 
     # --- fused accumulation ------------------------------------------------------------------
     def _is_marglik_epoch(self, trainer: pl.Trainer) -> bool:
-        return trainer.current_epoch + 1 in marglik_epochs(trainer.max_epochs, self.burnin, self.frequency)
+        return is_marglik_epoch(trainer.current_epoch + 1, trainer.max_epochs, self.burnin, self.frequency)
 
     def on_fit_start(self, trainer: pl.Trainer, module: MAPModule) -> None:
         """Reject fused mode on networks with BatchNorm before any training: its train-mode batch

@@ -163,7 +163,7 @@ class PlainTrainer:
     def fit(self, module, datamodule) -> None:
         """Train ``module`` on ``datamodule``'s training loader (see the module docstring)."""
         self.datamodule = datamodule
-        module._trainer = self
+        module.trainer = self
         datamodule.prepare_data()
         datamodule.setup("fit")
         module.to(self.root_device)

@@ -63,6 +63,13 @@ class Structure:
         """Self-fitting structures only: one pass of their own over ``data``."""
         raise NotImplementedError(f"{type(self).__name__} is fitted batch by batch (accumulate)")
 
+    def load_layer_curvature(self, parts: list) -> None:
+        """Replace the accumulated curvature by ``parts``, one per entry in this structure's
+        accumulator format (between ``Laplace.fit_begin`` and ``fit_end``); for curvature computed
+        outside the engine (e.g. ``differentiable_marglik``'s averaged-model factors)."""
+        raise ValueError(f"hessian_structure={self.name!r} does not take per-layer curvature from outside "
+                         "the engine")
+
     def finalize(self) -> None:
         """Called once after the data pass (decompositions that queries reuse)."""
 

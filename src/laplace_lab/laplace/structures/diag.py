@@ -27,6 +27,13 @@ class DiagStructure(Structure):
             parts += [d[n].reshape(-1) for n in e.names]
         self.h += torch.cat(parts)
 
+    def load_layer_curvature(self, parts: list[torch.Tensor]) -> None:
+        """``parts[i]``: entry i's diagonal, flattened in parameter order (``[P_i]``)."""
+        h = torch.cat([part.reshape(-1) for part in parts])
+        if h.numel() != self.n_params:
+            raise ValueError(f"load_layer_curvature: {h.numel()} diagonal entries for {self.n_params} parameters")
+        self.h = h.to(self.h.dtype)
+
     @property
     def H(self) -> torch.Tensor:
         """``[P]`` curvature diagonal."""

@@ -86,7 +86,11 @@ class FullStructure(Structure):
             self._H_acc().add_(V.T @ V)
 
     def _precision64(self, c, prior):
-        return torch.as_tensor(c).double() * self._H + torch.diag(to_diag(prior, self.sizes).double())
+        """``c H + diag(prior)`` in float64 (the prior added in place on the diagonal: no ``[P, P]``
+        diagonal matrix is built; the same values as ``c H + torch.diag(prior)``)."""
+        P = torch.as_tensor(c).double() * self._H
+        P.diagonal().add_(to_diag(prior, self.sizes).double())
+        return P
 
     def precision(self, c, prior):
         """``[P, P]`` posterior precision (model dtype)."""

@@ -152,6 +152,12 @@ class KronStructure(Structure):
     def H(self) -> list[KronBlock]:
         return self.blocks
 
+    def load_layer_curvature(self, parts: list[dict]) -> None:
+        """``parts[i]``: entry i's raw sums as ``accumulate`` keeps them (a dict of factor sums)."""
+        if len(parts) != len(self.entries):
+            raise ValueError(f"load_layer_curvature: {len(parts)} parts for {len(self.entries)} layers")
+        self.raw = [dict(part) for part in parts]
+
     def accumulate(self, records):
         for e, r, raw in zip(self.entries, records, self.raw):
             if not r.calls:
