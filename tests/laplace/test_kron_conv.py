@@ -176,6 +176,30 @@ def test_kron_marglik_matches_laplace_torch(convention, backend, prior):
     torch.testing.assert_close(ours.log_marginal_likelihood(), theirs.to(torch.float64), rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("convention", ["default", "reduce", "backpack"])
+def test_kron_factors_equal_laplace_torch_factors(convention):
+    """Each parameter tensor's un-decomposed factors (``[G, A]`` of a weight, ``[G]`` of a bias)
+    equal laplace-torch's ``H_facs`` over uneven batches."""
+    laplace_torch = pytest.importorskip("laplace")
+    from laplace.curvature import BackPackGGN
+
+    X, y = lenet_data()
+    kw = {"reduce": {"asdl_fisher_kwargs": {"kfac_approx": "reduce"}}}.get(convention, {})
+    ours = Laplace(lenet(), "classification", subset_of_weights="all", hessian_structure="kron",
+                   **(kw | ({"backend": compat.BackPackGGN} if convention == "backpack" else {})))
+    ours.fit(loader(X, y, batch_size=4))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = laplace_torch.Laplace(lenet(), "classification", subset_of_weights="all", hessian_structure="kron",
+                                       **(kw | ({"backend": BackPackGGN} if convention == "backpack" else {})))
+        theirs.fit(loader(X, y, batch_size=4))
+    assert len(ours.structure.factors) == len(theirs.H_facs.kfacs) == 8
+    for mine, peer in zip(ours.structure.factors, theirs.H_facs.kfacs):
+        assert len(mine) == len(peer)
+        for a, b in zip(mine, peer):
+            torch.testing.assert_close(a, b.to(torch.float64), rtol=1e-10, atol=1e-12)
+
+
 def test_conventions_differ_on_convolutions():
     """The three conventions are different curvatures on a CNN (the tests above are not vacuous)."""
     X, y = lenet_data()
