@@ -148,6 +148,25 @@ def test_flushed_batches_release_their_tensors(curv):
     fused.end()
 
 
+@pytest.mark.parametrize("approx", ["reduce", "backpack"])
+@pytest.mark.parametrize("curv", ["ef", "mc_fisher"])
+def test_fused_kron_conv_convention_equals_fit(approx, curv):
+    """The fused training-step hooks use the structure's ``kfac_approx`` as ``Laplace.fit`` does."""
+    model = cnn()
+    model.train()
+    X, y = data("cnn", "classification", n=20)
+    batches = _batches(X, y, 6)
+    kw = dict(subset_of_weights="all", hessian_structure="kron", curvature=curv, n_mc_samples=2,
+              structure_options={"kfac_approx": approx})
+    ref = Laplace(model, "classification", seed=3, **kw)
+    ref.fit(batches)
+    la = _train_epoch_fused(model, Laplace(model, "classification", seed=3, **kw), batches)
+    expand = Laplace(model, "classification", seed=3, **(kw | {"structure_options": {}}))
+    expand.fit(batches)
+    torch.testing.assert_close(_dense(la), _dense(ref), rtol=1e-10, atol=1e-12)
+    assert not torch.allclose(_dense(la), _dense(expand))
+
+
 class _Shared(nn.Module):
     """A Linear called twice per forward (two calls of one module) and a LayerNorm (generic kernel)."""
 

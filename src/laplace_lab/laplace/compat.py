@@ -245,19 +245,24 @@ def Laplace(model, likelihood, subset_of_weights="last_layer", hessian_structure
 
 
 class CurvatureBackend:
-    """Marker for ``Laplace(backend=...)``: ``curvature`` is the engine's curvature name."""
+    """Marker for ``Laplace(backend=...)``: ``curvature`` is the engine's curvature name,
+    ``structure_options`` the library's conventions (used where the structure declares them)."""
 
     curvature = ""
+    structure_options: dict = {}
 
 
-def _backend(name: str, curvature: str) -> type:
-    return type(name, (CurvatureBackend,), {"curvature": curvature,
-                                            "__doc__": f"Marker: ``curvature={curvature!r}``."})
+def _backend(name: str, curvature: str, **structure_options) -> type:
+    return type(name, (CurvatureBackend,), {"curvature": curvature, "structure_options": structure_options,
+                                            "__doc__": f"Marker: ``curvature={curvature!r}``"
+                                                       f"{', ' + str(structure_options) if structure_options else ''}."})
 
 
 CurvlinopsGGN, CurvlinopsEF = _backend("CurvlinopsGGN", "ggn"), _backend("CurvlinopsEF", "ef")
 AsdlGGN, AsdlEF = _backend("AsdlGGN", "ggn"), _backend("AsdlEF", "ef")
-BackPackGGN, BackPackEF = _backend("BackPackGGN", "ggn"), _backend("BackPackEF", "ef")
+# BackPack's KFLR / KFAC factors of Conv2d layers differ from curvlinops' (options.KfacApprox)
+BackPackGGN = _backend("BackPackGGN", "ggn", kfac_approx="backpack")
+BackPackEF = _backend("BackPackEF", "ef", kfac_approx="backpack")
 
 __all__ = ["Laplace", "Engine", "BaseLaplace", "ParametricLaplace", "LLLaplace", "FullLaplace", "KronLaplace",
            "DiagLaplace", "LowRankLaplace", "FullLLLaplace", "KronLLLaplace", "DiagLLLaplace",

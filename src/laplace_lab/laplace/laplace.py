@@ -63,6 +63,21 @@ def real_tensor(option: str, value, dtype) -> torch.Tensor:
     return t
 
 
+def compat_structure_options(backend, asdl_fisher_kwargs: dict | None, structure_options: dict | None,
+                             declared: tuple[str, ...]) -> dict:
+    """Structure options implied by laplace-torch's keywords, merged under ``structure_options``
+    (explicit values win): a ``compat`` marker's convention for the options the structure
+    ``declared`` (``BackPackGGN`` with kron: ``kfac_approx="backpack"``) and
+    ``asdl_fisher_kwargs={"kfac_approx": ...}`` (laplace-torch passes it to the curvlinops KFAC).
+    Any other ``asdl_fisher_kwargs`` key raises (third-party backend options)."""
+    implied = {k: v for k, v in (getattr(backend, "structure_options", None) or {}).items() if k in declared}
+    kw = dict(asdl_fisher_kwargs or {})
+    if set(kw) - {"kfac_approx"}:
+        raise ValueError(f"asdl_fisher_kwargs are options of laplace-torch's third-party backends; this engine "
+                         f"computes curvature itself and takes only 'kfac_approx' (got {sorted(kw)})")
+    return implied | kw | dict(structure_options or {})
+
+
 def resolve_backend(backend, curvature: str) -> tuple[str, str]:
     """``(curvature, backend)`` from ``backend`` and ``curvature``: ``backend`` is a collection backend
     name (``backends.backend_names()``: "auto", "chain", "capture", "lanczos"), or laplace-torch's
@@ -132,7 +147,11 @@ class Laplace:
         backend: curvature collection (``backends``): "auto" (default; the graph-free chain for plain
             sequential nets, else "capture"), "chain", "capture", "lanczos" (lowrank); laplace-torch's
             values (a curvature name, or a marker class such as ``compat.CurvlinopsGGN``) set
-            ``curvature`` and keep "auto".
+            ``curvature`` and keep "auto"; ``compat.BackPackGGN`` / ``BackPackEF`` also set kron's
+            ``kfac_approx="backpack"`` (BackPack's conv factors).
+        structure_options: the structure's declared ``options``, e.g. kron's ``kfac_approx``
+            ("expand" default | "reduce" | "backpack", ``options.KfacApprox``); laplace-torch's
+            ``asdl_fisher_kwargs={"kfac_approx": ...}`` means the same.
 
     Attributes after ``fit``: ``mean`` [P], ``n_data``, ``n_outputs``, ``loss`` (summed NLL, unit
     noise), ``prior_precision`` ([1] / [n_layers] / [P]), ``sigma_noise`` (0-dim),
@@ -172,10 +191,9 @@ class Laplace:
     ):
         likelihood = _check_choice("likelihood", likelihood, LIKELIHOODS)
         curvature, self.backend_name = resolve_backend(backend, curvature)
-        for name, kw in (("backend_kwargs", backend_kwargs), ("asdl_fisher_kwargs", asdl_fisher_kwargs)):
-            if kw:
-                raise ValueError(f"{name} are options of laplace-torch's third-party backends; this engine "
-                                 f"computes curvature itself and takes none (got {sorted(kw)})")
+        if backend_kwargs:
+            raise ValueError(f"backend_kwargs are options of laplace-torch's third-party backends; this engine "
+                             f"computes curvature itself and takes none (got {sorted(backend_kwargs)})")
         if feature_reduction is not None:
             feature_reduction = _check_choice("feature_reduction", feature_reduction, FeatureReduction.values())
         self.feature_reduction = feature_reduction
@@ -183,6 +201,9 @@ class Laplace:
         self.dict_key_x, self.dict_key_y = dict_key_x, dict_key_y
         subset_of_weights = _check_choice("subset_of_weights", subset_of_weights, SUBSETS)
         hessian_structure = _check_choice("hessian_structure", hessian_structure, tuple(STRUCTURES))
+        structure_options = compat_structure_options(backend, asdl_fisher_kwargs, structure_options,
+                                                     STRUCTURES[hessian_structure].options)
+        STRUCTURES[hessian_structure].check_options(structure_options)
         if not (isinstance(n_mc_samples, int) and n_mc_samples >= 1):
             raise ValueError(f"n_mc_samples must be a positive int; got {n_mc_samples!r}")
         if not float(temperature) > 0:

@@ -331,34 +331,73 @@ def conv_A(m: nn.Conv2d, a: torch.Tensor) -> tuple[torch.Tensor, int]:
     return A, N * Ho * Wo
 
 
-def kfac_factors(m: nn.Module, calls: list[Call]) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Un-normalised KFAC-expand factors: ``(A_sum [D_in, D_in], G [D_out, D_out], rows)``.
+def kfac_factors(m: nn.Module, calls: list[Call], approx: str = "expand") -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Un-normalised KFAC factors ``(A_sum [D_in, D_in], G [D_out, D_out], rows)`` in the
+    convention ``approx`` (``options.KfacApprox``); the weight block is ``G (x) A_sum / rows_total``
+    with ``rows_total`` summed over the whole data set.
 
-    ``A_sum = sum_{n,s} a a^T``, ``G = sum_{k,n,s} g g^T``; the weight block is
-    ``G (x) A_sum / rows_total`` where ``rows_total = sum_n S`` over the whole data set.
+    ``expand``: ``A_sum = sum_{n,s} a a^T``, ``G = sum_{k,n,s} g g^T``, ``rows = N S``.
+    ``reduce``: ``A_sum = sum_n abar abar^T`` (``abar = mean_s a``), ``G = sum_{k,n} gsum gsum^T``
+    (``gsum = sum_s g``), ``rows = N``. ``backpack``: expand's ``A_sum``, reduce's ``G``, ``rows = N``
+    (Conv2d; a Linear with weight sharing raises, as BackPack does).
     Conv2d: ``A`` by ``conv_A`` (banded, no im2col); ``G`` by a batched ``g g^T`` on the native
     ``[K N, C_out, S]`` layout (measured faster than one transposed copy + matmul).
     """
     A = G = None
     rows = 0
     for c in calls:
-        a = c.args[0]
         if isinstance(m, nn.Conv2d):
-            A_c, n_rows = conv_A(m, a)
-            G_c = 0
-            if c.pooled is not None and c.stacked_grad is None:
-                G_c = _pooled_G(*c.pooled, c.out_shape[2:].numel())
-            for gk in (kn_blocks(c) if c.pooled is None or c.stacked_grad is not None else []):  # per factor or all at once: no [K, N, ...] stack
-                gm = gk.flatten(2)  # [N, C_out, S]
-                G_c = G_c + torch.bmm(gm, gm.transpose(1, 2)).sum(0)
+            A_c, G_c, n_rows = _conv_kfac(m, c, approx)
         else:
-            x = a.reshape(-1, a.shape[-1])
-            A_c, G_c = x.T @ x, 0
-            for gk in kn_blocks(c):
-                gm = gk.reshape(-1, gk.shape[-1])
-                G_c = G_c + gm.T @ gm
-            n_rows = x.shape[0]
+            A_c, G_c, n_rows = _linear_kfac(c, approx)
         A = A_c if A is None else A + A_c
         G = G_c if G is None else G + G_c
         rows += n_rows
     return A, G, rows
+
+
+def _conv_kfac(m: nn.Conv2d, c: Call, approx: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """One call's ``(A_sum, G, rows)`` of a Conv2d (``kfac_factors``)."""
+    a = c.args[0]
+    N = a.shape[0]
+    if approx == "reduce":  # per-sample patch sums over the output positions (a strided view, summed)
+        Ho, Wo = conv_geometry(m, a)[-2:]
+        x = _conv_view(m, a, "patches").sum((-2, -1)).reshape(N, -1) / (Ho * Wo)  # [N, C_in kh kw]
+        A_c, n_rows = x.T @ x, N
+    else:
+        A_c, n_rows = conv_A(m, a)
+        if approx == "backpack":
+            n_rows = N
+    direct = c.pooled is None or c.stacked_grad is not None  # else compressed after a max-pool
+    if approx == "expand":
+        G_c = _pooled_G(*c.pooled, c.out_shape[2:].numel()) if not direct else 0
+        for gk in (kn_blocks(c) if direct else []):  # per factor or all at once: no [K, N, ...] stack
+            gm = gk.flatten(2)  # [N, C_out, S]
+            G_c = G_c + torch.bmm(gm, gm.transpose(1, 2)).sum(0)
+        return A_c, G_c, n_rows
+    # reduce / backpack: G of the per-(factor, sample) gradient sums over positions (the bias gradients)
+    sums = [gk.flatten(2).sum(-1) for gk in kn_blocks(c)] if direct else [c.pooled[0].sum(-1).flatten(0, 1)]
+    return A_c, sum(s.T @ s for s in sums), n_rows
+
+
+def _linear_kfac(c: Call, approx: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """One call's ``(A_sum, G, rows)`` of a Linear on ``[N, *, D_in]`` (``kfac_factors``)."""
+    a = c.args[0]
+    shared = a.dim() > 2 and a.shape[1:-1].numel() > 1
+    if approx == "expand" or not shared:
+        x = a.reshape(-1, a.shape[-1])
+        G_c = 0
+        for gk in kn_blocks(c):
+            gm = gk.reshape(-1, gk.shape[-1])
+            G_c = G_c + gm.T @ gm
+        return x.T @ x, G_c, a.shape[:-1].numel()
+    if approx == "backpack":
+        raise ValueError(f"kfac_approx='backpack' is defined for Conv2d and for Linear layers on [N, D] inputs "
+                         f"(BackPack's convention); got a Linear input of shape {tuple(a.shape)}. "
+                         f"Allowed for it: 'expand', 'reduce'")
+    x = a.reshape(a.shape[0], -1, a.shape[-1]).mean(1)  # reduce
+    G_c = 0
+    for gk in kn_blocks(c):
+        gs = gk.reshape(gk.shape[0], -1, gk.shape[-1]).sum(1)
+        G_c = G_c + gs.T @ gs
+    return x.T @ x, G_c, a.shape[0]

@@ -82,6 +82,25 @@ class FeatureReduction(Option):
     AVERAGE = "average"
 
 
+class KfacApprox(Option):
+    """KFAC of a layer with weight sharing (``S`` > 1 output positions: Conv2d, Linear on
+    ``[N, T, D]``); ``x`` input patches / rows, ``g`` output gradients per factor ``k``, ``N`` data.
+    The weight block is ``G (x) A``; without weight sharing all three coincide.
+
+    - ``expand`` (default; curvlinops' ``kfac_approx="expand"``, laplace-torch's default backend
+      ``CurvlinopsGGN``, ASDL): ``A = sum_{n,s} x x^T / (N S)``, ``G = sum_{k,n,s} g g^T``.
+    - ``reduce`` (Eschenhagen et al. 2023; curvlinops' ``kfac_approx="reduce"``):
+      ``A = sum_n xbar xbar^T / N`` with ``xbar = mean_s x``, ``G = sum_{k,n} gsum gsum^T`` with
+      ``gsum = sum_s g`` (so ``G`` is the bias block's GGN).
+    - ``backpack`` (BackPack's KFLR / KFAC, laplace-torch's ``BackPackGGN``; Conv2d only):
+      ``A = sum_{n,s} x x^T / N`` (``S`` times expand's), ``G`` as ``reduce``.
+    """
+
+    EXPAND = "expand"
+    REDUCE = "reduce"
+    BACKPACK = "backpack"
+
+
 def check_choice(option: str, value, allowed) -> str:
     """``value`` as a plain string if it is one of ``allowed``, else a ``ValueError`` naming both."""
     allowed = tuple(str(a) for a in allowed)

@@ -1,4 +1,4 @@
-"""Kronecker-factored curvature (KFAC-expand for Linear and Conv2d; diagonal for the rest).
+"""Kronecker-factored curvature (KFAC for Linear and Conv2d; diagonal for the rest).
 
 Hand-written factors (``modules.kfac_factors``): one backward of the ``K`` output factors gives
 ``G``, the forward gives ``A``; no per-sample gradients are formed. Blocks, one per parameter
@@ -6,9 +6,11 @@ tensor in subset order (so a layerwise prior has one ``delta`` per block, as in 
 
 Block types (small classes below, one per parameter tensor):
 
-- ``KronWeightBlock`` (a weight): ``H_w ~= G (x) A`` with ``A = sum_{n,s} a a^T / rows`` (``rows`` = data
-  points x weight-sharing positions) and ``G = sum_{k,n,s} g g^T`` (curvlinops' KFAC-expand
-  normalisation, separate weight and bias); ``weight.flatten()`` order is ``(out, in)``.
+- ``KronWeightBlock`` (a weight): ``H_w ~= G (x) A``; by default (option ``kfac_approx="expand"``)
+  ``A = sum_{n,s} a a^T / rows`` (``rows`` = data points x weight-sharing positions) and
+  ``G = sum_{k,n,s} g g^T`` (curvlinops' KFAC-expand normalisation, separate weight and bias: the
+  factors of laplace-torch's default ``CurvlinopsGGN``); ``"reduce"`` and ``"backpack"`` for layers
+  with weight sharing: ``options.KfacApprox``. ``weight.flatten()`` order is ``(out, in)``.
 - ``KronBiasBlock`` (a bias of such a layer): ``H_b ~= G`` (the same ``G``).
 - ``DiagBlock`` (any other parameter tensor, e.g. BatchNorm): exact diagonal of its GGN block.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from laplace_lab.laplace.modules import diag_sq, is_kfac_module, kfac_factors
+from laplace_lab.laplace.options import KfacApprox
 from laplace_lab.laplace.priors import per_layer
 from laplace_lab.laplace.structures.base import Structure, register
 
@@ -142,6 +145,20 @@ class KronStructure(Structure):
     name = "kron"
     prior_structures = ("scalar", "layerwise")
     any_block_order = True
+    options = ("kfac_approx",)
+
+    @classmethod
+    def check_options(cls, options: dict, key=str) -> None:
+        value = options.get("kfac_approx", "expand")
+        value = getattr(value, "value", value)
+        if value not in KfacApprox.values():
+            raise ValueError(f"{key('kfac_approx')} must be one of {list(KfacApprox.values())} for "
+                             f"hessian_structure='kron'; got {value!r}")
+
+    def __init__(self, entries, device, dtype, kfac_approx: str = "expand"):
+        self.check_options({"kfac_approx": kfac_approx})
+        self.kfac_approx = str(getattr(kfac_approx, "value", kfac_approx))  # options.KfacApprox
+        super().__init__(entries, device, dtype)
 
     def reset(self):
         # raw sums per entry (module): A_sum, G, rows for KFAC modules; diag for others
@@ -163,7 +180,7 @@ class KronStructure(Structure):
             if not r.calls:
                 continue
             if is_kfac_module(e.module):
-                A, G, rows = kfac_factors(e.module, r.calls)
+                A, G, rows = kfac_factors(e.module, r.calls, self.kfac_approx)
                 for key, val in (("A", A), ("G", G), ("rows", rows)):
                     raw[key] = raw[key] + val if key in raw else val
             else:
@@ -276,9 +293,13 @@ class KronStructure(Structure):
         return self._map(eye, c, prior, 1.0)
 
     def state_dict(self):
-        return {"raw": self.raw}
+        return {"raw": self.raw, "kfac_approx": self.kfac_approx}
 
     def load_state_dict(self, sd):
+        saved = sd.get("kfac_approx", "expand")  # states saved before the option existed: expand
+        if saved != self.kfac_approx:
+            raise ValueError(f"state was fitted with kfac_approx={saved!r}; this Laplace has "
+                             f"kfac_approx={self.kfac_approx!r} (structure_options)")
         self.raw = [
             {k: (v.to(self.device, self.dtype) if isinstance(v, torch.Tensor) else v) for k, v in r.items()}
             for r in sd["raw"]
