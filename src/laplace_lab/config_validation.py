@@ -5,6 +5,8 @@ Each check raises ``ValueError`` with the option's name and the allowed values.
 
 from __future__ import annotations
 
+import inspect
+
 from omegaconf import DictConfig, OmegaConf
 
 from laplace_lab.config_values import validate_values
@@ -68,10 +70,31 @@ def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
+def _stray_options(curvature: DictConfig, declared: tuple[str, ...]) -> list[str]:
+    """Options of other structures that ``curvature`` sets to something other than null or their
+    structure's default (e.g. ``kfac_approx=reduce`` with ``hessian_structure=diag``), which the
+    chosen structure would silently ignore."""
+    stray = set()
+    for name in hessian_structures():
+        cls = structure_class(name)
+        params = inspect.signature(cls.__init__).parameters
+        for key in cls.options:
+            value = curvature.get(key)
+            default = params[key].default if key in params else None
+            if key not in declared and value is not None and value != default:
+                stray.add(key)
+    return sorted(stray)
+
+
 def validate_laplace_config(cfg: DictConfig) -> None:
     """The curvature x prior x marglik x predictive combination."""
     structure = OmegaConf.select(cfg, "curvature.hessian_structure")
     declared = structure_class(structure).options if structure in hessian_structures() else ()
+    if structure in hessian_structures():  # (an unknown name gets the spec's error below)
+        stray = _stray_options(cfg.curvature, declared)
+        _require(not stray, f"curvature.{', curvature.'.join(stray)} is an option of another hessian_structure, "
+                 f"not of curvature.hessian_structure={structure!r} (its options: {list(declared)}); remove it "
+                 "or set it to null")
     spec = LaplaceSpec(  # the engine's names and compatibility rules (laplace.spec)
         subset_of_weights=OmegaConf.select(cfg, "curvature.subset_of_weights"),
         hessian_structure=OmegaConf.select(cfg, "curvature.hessian_structure"),

@@ -56,6 +56,9 @@ def test_combination(curvature, ctype, prior, marglik):
         (["marglik=off", "predictive=map", "marglik.evidence_point=linear_mode"], r"linear_mode' needs a post-hoc Laplace"),
         (["marglik.evidence_point=linear_mode", "likelihood=heteroscedastic_regression", "data=sinusoid"],
          r"linear_mode' needs likelihood in \['auto', 'classification', 'regression'\]"),
+        (["curvature=kron", "curvature.kfac_approx=sum"], r"curvature.kfac_approx must be one of \['expand', 'reduce', 'backpack'\]"),
+        (["curvature=diag", "+curvature.kfac_approx=reduce"], r"curvature.kfac_approx is an option of another hessian_structure"),
+        (["curvature=kron", "+curvature.n_eigs=5"], r"curvature.n_eigs is an option of another hessian_structure.*'kron'"),
     ],
 )
 def test_rejected(overrides, pattern):
@@ -70,4 +73,12 @@ def test_rejected(overrides, pattern):
     ["prior=normgroups", "marglik=online", "curvature=kron", "curvature.type=ef", "marglik.fused=true"],
 ])
 def test_antoran_options_accepted(overrides):
+    validate_config(compose_config(overrides))
+
+
+@pytest.mark.parametrize("overrides", [
+    ["curvature=kron", "curvature.kfac_approx=reduce"],
+    ["curvature=kron", "curvature.hessian_structure=diag"],  # kron.yaml's default kfac_approx is not stray
+])
+def test_structure_options_accepted(overrides):
     validate_config(compose_config(overrides))
