@@ -112,6 +112,7 @@ def build(cfg: DictConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPC
         temperature=cfg.temperature,
         prior_in_loss=cfg.prior_in_map_loss,
         on_nonfinite_loss=cfg.on_nonfinite_loss,
+        loss_scale=cfg.map_loss_scale,
     )
     return datamodule, module
 

@@ -16,6 +16,14 @@ during training; the optimiser never sees them. Optimiser weight decay must stay
 term is the weight decay (``delta = weight_decay * N`` for plain SGD). With ``prior_in_loss=False``
 the loss is the NLL term alone (plain MSE / cross-entropy training, as in laplace-torch's
 regression example); the prior precision then only enters a post-hoc Laplace.
+
+Loss scale (``loss_scale``, regression only for ``mse``): ``nll`` is the loss above; ``mse``
+multiplies it by ``2 sigma^2 T`` (sigma detached), i.e. ``MSE / B + 2 sigma^2 T prior / N`` plus a
+constant, laplace-torch ``marglik_training``'s objective. Both have the same minimiser, but under
+Adam they train differently once online marglik moves sigma: with ``nll`` the gradient grows by
+``1 / sigma^2`` when sigma shrinks while Adam's second-moment average (beta2 0.999) still holds the
+old scale, so the steps are larger until it catches up; with ``mse`` the data term's scale never
+moves (measured on UCI: experiments/immer2021/README.md).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from laplace_lab.laplace.priors import Prior
 from laplace_lab.training.nll import LIKELIHOODS, natural_to_mean_var, summed_nll
 
 RUN_IDENTITY_KEY = "laplace_lab_run_identity"
+LOSS_SCALES = ("nll", "mse")
 
 
 class MAPCore(nn.Module):
@@ -54,6 +63,8 @@ class MAPCore(nn.Module):
         prior_in_loss: ``False`` drops the prior term from the training loss.
         on_nonfinite_loss: ``error`` (raise ``FloatingPointError`` naming epoch and batch) or
             ``skip`` (no update from that batch; counted in ``n_skipped_batches``).
+        loss_scale: ``nll`` (the per-datum negative log joint) or ``mse`` (regression: that times
+            ``2 sigma^2 T``, laplace-torch's scaling; see the module docstring).
     """
 
     def __init__(
@@ -68,6 +79,7 @@ class MAPCore(nn.Module):
         temperature: float = 1.0,
         prior_in_loss: bool = True,
         on_nonfinite_loss: str = "error",
+        loss_scale: str = "nll",
     ):
         super().__init__()
         self._trainer = None  # the loop that runs this module (Lightning's Trainer or the plain loop)
@@ -77,7 +89,13 @@ class MAPCore(nn.Module):
             raise ValueError("n_data, temperature and sigma_noise must be positive")
         if on_nonfinite_loss not in ("error", "skip"):
             raise ValueError(f"on_nonfinite_loss={on_nonfinite_loss!r} is not supported; allowed: ['error', 'skip']")
+        if loss_scale not in LOSS_SCALES:
+            raise ValueError(f"map_loss_scale={loss_scale!r} is not supported; allowed: {list(LOSS_SCALES)}")
+        if loss_scale == "mse" and likelihood != "regression":
+            raise ValueError(f"map_loss_scale='mse' needs likelihood 'regression' (got {likelihood!r}); "
+                             "allowed for this likelihood: ['nll']")
         self.on_nonfinite_loss = on_nonfinite_loss
+        self.loss_scale = loss_scale
         self.n_skipped_batches = 0
         # What a resumed run must share with this one (seed, data, model); set by train.py and
         # saved in every checkpoint under RUN_IDENTITY_KEY.
@@ -158,10 +176,22 @@ class MAPCore(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 
+    def scale(self) -> torch.Tensor | float:
+        """The factor ``loss_scale`` puts on the per-datum negative log joint: 1, or ``2 sigma^2 T``
+        (detached) for ``mse``."""
+        if self.loss_scale == "nll":
+            return 1.0
+        return 2 * self.sigma_noise.detach() ** 2 * self.temperature
+
     def training_step(self, batch, batch_idx):
         x, y = batch
+        scale = self.scale()
         if self.fused_curvature is not None:
-            with self.fused_curvature.batch(y, nll_scale=1.0 / (len(x) * self.temperature)) as record:
+            # d(loss) / d(the engine's summed NLL, unit noise for regression): the EF needs its gradients
+            nll_scale = float(scale) / (len(x) * self.temperature)
+            if self.likelihood == "regression":
+                nll_scale /= float(self.sigma_noise) ** 2
+            with self.fused_curvature.batch(y, nll_scale=nll_scale) as record:
                 f = self.model(x)
                 record.output(f)
         else:
@@ -180,7 +210,7 @@ class MAPCore(nn.Module):
             return None  # Lightning skips backward and the optimiser step
         if self._logs_train_epoch():
             self.log_dict({"train/loss": loss, "train/nll": nll}, on_step=False, on_epoch=True, batch_size=len(x))
-        return loss
+        return loss * scale  # train/loss stays the per-datum negative log joint whatever the scale
 
     def _logs_train_epoch(self) -> bool:
         """Epoch means of the training loss are logged every epoch, except when an epoch has fewer
