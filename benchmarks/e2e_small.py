@@ -3,7 +3,7 @@
 For each set (UCI split 0 with all training rows, or the sinusoid) and each repeat, two
 processes run back to back with the same recipe (Immer et al. 2021 UCI: MLP 50 tanh, Adam 1e-2,
 one full batch, 1000 epochs, marglik every 50 epochs from epoch 100, 50 hyper steps, full GGN,
-layerwise prior, noise std by marglik):
+layerwise prior, noise std by marglik; the MAP loss on laplace-torch's scale, ``map_loss_scale=mse``):
 
 - ours: ``python -m laplace_lab.train data=... method=online_full ...`` (``OURS_RECIPE``);
 - peer: ``python benchmarks/e2e_peer.py`` (laplace-torch's ``marglik_training``) on the same
@@ -40,7 +40,7 @@ UCI_SETS = ("yacht", "energy", "boston-housing", "concrete")
 SETS = (*UCI_SETS, "sinusoid")
 OURS_RECIPE = ("data.batch_size=100000", "model=mlp", "model.widths=[50]", "model.activation=tanh",
                "method=online_full", "optimizer.lr=1e-2", "marglik.frequency=50", "marglik.n_steps=50",
-               "marglik.burnin=100", "evaluation=regression", "logger=csv")
+               "marglik.burnin=100", "map_loss_scale=mse", "evaluation=regression", "logger=csv")
 
 
 def data_overrides(name: str) -> list[str]:
