@@ -52,7 +52,10 @@ from torch import nn
 from laplace_lab.laplace.likelihoods import get_likelihood
 from laplace_lab.laplace.modules import is_kfac_module, rows_in, rows_out
 
-STRUCTURES = ("kron", "kron_expand", "diag")
+STRUCTURES = ("kron", "kron_expand", "diag")  # this module's factor forms (its own, not the engine's classes)
+# engine structures whose curvature ``fit_laplace`` can load (``Structure.load_layer_curvature``) from
+# the factor form of the same name
+LAPLACE_STRUCTURES = ("kron", "diag")
 CURVATURES = ("ggn", "ef")
 LIKELIHOODS = ("classification", "regression")
 
@@ -172,8 +175,8 @@ def fit_laplace(la, model: nn.Module, loader, likelihood: str = "classification"
     full-data ``Factors`` (tested), so a prior step on ``la`` and an eta step on the factors optimise
     the same marglik, as the authors' code does (one ``Laplace`` for both)."""
     structure, curvature = la.hessian_structure, la.curvature
-    if structure not in ("kron", "diag") or la.subset_of_weights != "all":
-        raise ValueError("fit_laplace needs curvature.hessian_structure in ['kron', 'diag'] and "
+    if structure not in LAPLACE_STRUCTURES or la.subset_of_weights != "all":
+        raise ValueError(f"fit_laplace needs curvature.hessian_structure in {list(LAPLACE_STRUCTURES)} and "
                          f"curvature.subset_of_weights='all'; got ({structure!r}, {la.subset_of_weights!r})")
     layers = _check(model, structure, curvature, likelihood)
     if [e.module for e in la.entries] != layers or la.model is not model:

@@ -52,10 +52,12 @@ def validate_augmentation_config(cfg: DictConfig) -> None:
                          "predictive of an output-averaged network is not implemented); got predictive.pred_type='glm'")
     if cfg.marglik.mode == "online":  # the prior step fits the averaged model's curvature (fit_for_marglik)
         c = cfg.curvature
-        if c.subset_of_weights != "all" or c.hessian_structure not in ("kron", "diag") or c.type not in dm.CURVATURES:
+        if (c.subset_of_weights != "all" or c.hessian_structure not in dm.LAPLACE_STRUCTURES
+                or c.type not in dm.CURVATURES):
             raise ValueError(
                 f"augmentation.mode={mode!r} with marglik=online needs curvature.subset_of_weights=all, "
-                f"curvature.hessian_structure in ['kron', 'diag'] and curvature.type in {list(dm.CURVATURES)}; got "
+                f"curvature.hessian_structure in {list(dm.LAPLACE_STRUCTURES)} and curvature.type in "
+                f"{list(dm.CURVATURES)}; got "
                 f"({c.subset_of_weights}, {c.hessian_structure}, {c.type})")
         if cfg.marglik.get("fused"):
             raise ValueError(f"augmentation.mode={mode!r} needs marglik.fused=false (the fused curvature is the "
