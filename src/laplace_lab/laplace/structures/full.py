@@ -85,6 +85,10 @@ class FullStructure(Structure):
             V = torch.cat(cols, 1).double()
             self._H_acc().add_(V.T @ V)
 
+    def curvature_eigh(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(lam [P], U [P, P])``: float64 eigendecomposition ``H = U diag(lam) U^T``."""
+        return torch.linalg.eigh(self._H_acc())
+
     def _precision64(self, c, prior):
         """``c H + diag(prior)`` in float64 (the prior added in place on the diagonal: no ``[P, P]``
         diagonal matrix is built; the same values as ``c H + torch.diag(prior)``)."""
