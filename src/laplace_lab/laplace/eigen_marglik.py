@@ -52,6 +52,7 @@ an indefinite precision, as before). Equal to the Cholesky path to rounding (flo
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -255,33 +256,47 @@ class FullMarglik(EigenMarglik):
     def _logdet_post(self, delta, c):
         return (2 * self._cholesky(delta, c).diagonal().log().sum()).to(self.dtype)
 
+    @torch.no_grad()
+    def inverse_diagonal(self, prior_precision: torch.Tensor, sigma_noise: torch.Tensor | None = None) -> torch.Tensor:
+        """``[P]`` float64 ``diag((c H + P0)^{-1})`` in parameter order at ``prior_precision`` (the
+        shapes ``__call__`` takes) and ``sigma_noise`` (regression; ``None``: ``la``'s), by the path
+        ``low_rank`` names; ``torch.linalg.LinAlgError`` for an indefinite precision."""
+        c, _ = self._scale(sigma_noise)
+        return self._inverse_diag64(self._delta(prior_precision), c)
+
+    @property
+    def low_rank(self) -> int | None:
+        """Rank ``r`` of the Woodbury correction of the eigenbasis path (0: a scalar prior), or
+        ``None`` when each step factorises (a diagonal prior, or ``r > P / 2``)."""
+        return None if self._woodbury is None else int(self._woodbury[1].numel())
+
     def _inverse_diag(self, delta, c):
-        d = self._woodbury_diag(delta, c)
-        if d is None:
-            d = torch.cholesky_inverse(self._cholesky(delta, c)).diagonal()
-        d = d.to(self.dtype)
+        d = self._inverse_diag64(delta, c).to(self.dtype)
         return d if self.order is None else d[self.order]
 
-    def _woodbury_setup(self):
-        """Once per fit: the eigendecomposition of ``H`` and the parameters outside the largest prior
-        group, or ``False`` when the low-rank form does not pay (no groups, or ``r > P / 2``)."""
-        if getattr(self, "_wb", None) is None:
-            self._wb = False
-            if self.split is not None and hasattr(self.la.structure, "curvature_eigh"):
-                base = int(torch.argmax(torch.as_tensor(self.split)))
-                rest = torch.nonzero(self.index != base).reshape(-1)  # parameter order
-                if 2 * rest.numel() <= self.n_params:
-                    lam, U = self.la.structure.curvature_eigh()
-                    self._wb = (base, rest, lam, U, U.square(), U[rest])
-        return self._wb
+    def _inverse_diag64(self, delta, c):
+        d = self._woodbury_diag(delta, c)
+        return torch.cholesky_inverse(self._cholesky(delta, c)).diagonal() if d is None else d
+
+    @functools.cached_property
+    def _woodbury(self):
+        """Once per fit: ``(base group, parameters outside it, lam, U, U^2, U[rest])`` of the
+        eigendecomposition of ``H``, or ``None`` when the low-rank form does not pay."""
+        if self.split is None or not hasattr(self.la.structure, "curvature_eigh"):
+            return None
+        base = int(torch.argmax(torch.as_tensor(self.split)))
+        rest = torch.nonzero(self.index != base).reshape(-1)  # parameter order
+        if 2 * rest.numel() > self.n_params:
+            return None
+        lam, U = self.la.structure.curvature_eigh()
+        return base, rest, lam, U, U.square(), U[rest]
 
     def _woodbury_diag(self, delta, c):
         """``[P]`` float64 ``diag(x^{-1})`` in parameter order by the eigenbasis + Woodbury form (module
         docstring), or ``None`` (not applicable, or a non-finite / non-positive result)."""
-        setup = self._woodbury_setup()
-        if not setup:
+        if self._woodbury is None:
             return None
-        base, rest, lam, U, U2, U_rest = setup
+        base, rest, lam, U, U2, U_rest = self._woodbury
         pd = self._param_delta(delta).to(torch.float64)
         d_base = delta.reshape(-1)[base].to(torch.float64)
         w = (torch.as_tensor(c).double() * lam + d_base).reciprocal()  # [P] eigenvalues of A^{-1} (c as the engine casts it)
