@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader
 
 from laplace_lab.data.uci import UCI_DATASETS, UCIDataModule
 from laplace_lab.evaluation.metrics import regression_metrics
+from laplace_lab.peer_csv import append_row, comma_choices
 
 FIELDS = ["data.name", "data.split", "seed", "test_la_ll", "test_map_ll", "test_rmse", "sigma_noise",
           "prior_precision_mean", "wall_s", "dtype", "error"]
@@ -146,10 +147,7 @@ def main() -> None:
                         help="dtype of the model and data (the recipe: float32)")
     parser.add_argument("--summary", action="store_true", help="print per-set means and reference.yaml entries")
     args = parser.parse_args()
-    sets = args.sets.split(",")
-    unknown = [s for s in sets if s not in UCI_DATASETS]
-    if unknown:
-        parser.error(f"--sets: {unknown} are not UCI sets; allowed: {list(UCI_DATASETS)}")
+    sets = comma_choices(parser, "--sets", args.sets, UCI_DATASETS, "are not UCI sets")
     torch.set_num_threads(1)
     rows = read_rows(args.out)
     done = {(r["data.name"], int(r["data.split"]), int(r["seed"]), r.get("dtype", "float32")) for r in rows}
@@ -165,12 +163,7 @@ def main() -> None:
             else:
                 print(f"{name} split {split}: test LL {row['test_la_ll']:.3f} (MAP {row['test_map_ll']:.3f}), "
                       f"sigma {row['sigma_noise']:.3f}, {row['wall_s']:.0f} s", flush=True)
-            new_file = not args.out.exists()
-            with args.out.open("a", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=FIELDS)
-                if new_file:
-                    writer.writeheader()
-                writer.writerow(row)
+            append_row(args.out, row, FIELDS)
             rows.append({k: str(v) for k, v in row.items()})
     if args.summary:
         print(summary(rows))

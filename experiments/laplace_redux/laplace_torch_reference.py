@@ -56,6 +56,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from laplace_lab import peer_csv
 from laplace_lab.evaluation import run_evaluation
 from laplace_lab.sweeps.run_only import RUN_ONLY_KEYS, RUN_ONLY_SUBKEYS, strip_run_only
 from laplace_lab.training import map_cache
@@ -258,13 +259,7 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def append_row(path: Path, row: dict) -> None:
-    new_file = not path.exists()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
-        if new_file:
-            writer.writeheader()
-        writer.writerow(row)
+    peer_csv.append_row(path, row, FIELDS, extrasaction="ignore")  # rows carry more keys than FIELDS
 
 
 def mean_se(vals: list[float]) -> tuple[float, float]:
@@ -347,10 +342,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.1, help="marglik Adam lr (laplace-torch's default)")
     parser.add_argument("--summary", action="store_true", help="print per-method means and reference.yaml entries")
     args = parser.parse_args()
-    methods = args.methods.split(",")
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        parser.error(f"--methods: {unknown} are not supported; allowed: {list(METHODS)}")
+    methods = peer_csv.comma_choices(parser, "--methods", args.methods, METHODS)
     jobs = sweep_jobs(args.sweep_dir)
     seeds = sorted(jobs) if args.seeds is None else [int(s) for s in args.seeds.split(",")]
     missing = [s for s in seeds if s not in jobs]
