@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from laplace_lab.config_values import validate_values
 from laplace_lab.laplace.options import Likelihood, LinkApprox, PredType
 from laplace_lab.laplace.spec import LaplaceSpec, hessian_structures, structure_class
-from laplace_lab.training.module import LOSS_SCALES
+from laplace_lab.training.module import check_loss_scale
 
 LIKELIHOOD_CHOICES = ("auto", *Likelihood.values())
 MARGLIK_MODES = ("off", "online", "posthoc")
@@ -47,10 +47,7 @@ def validate_config(cfg: DictConfig) -> None:
     _require(cfg.trainer.max_epochs is None or cfg.trainer.max_epochs >= 1,
              f"trainer.max_epochs must be >= 1; got {cfg.trainer.max_epochs}")
     _choice(cfg, "on_nonfinite_loss", NONFINITE_LOSS)
-    _choice(cfg, "map_loss_scale", LOSS_SCALES)
-    _require(cfg.map_loss_scale != "mse" or cfg.likelihood in ("auto", "regression"),
-             f"map_loss_scale='mse' needs likelihood 'regression' (got {cfg.likelihood!r}); allowed for this "
-             "likelihood: map_loss_scale in ['nll']")
+    check_loss_scale(cfg.map_loss_scale, cfg.likelihood)
     threads = cfg.get("torch_num_threads")
     _require(threads is None or (isinstance(threads, int) and threads >= 1),
              f"torch_num_threads must be null or a positive integer; got {threads!r}")

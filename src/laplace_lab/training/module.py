@@ -41,6 +41,16 @@ RUN_IDENTITY_KEY = "laplace_lab_run_identity"
 LOSS_SCALES = ("nll", "mse")
 
 
+def check_loss_scale(loss_scale: str, likelihood: str) -> None:
+    """``ValueError`` naming ``map_loss_scale`` and its allowed values: one of ``LOSS_SCALES``, and
+    ``mse`` only for regression (``likelihood`` ``regression``, or a config's ``auto``)."""
+    if loss_scale not in LOSS_SCALES:
+        raise ValueError(f"map_loss_scale={loss_scale!r} is not supported; allowed: {list(LOSS_SCALES)}")
+    if loss_scale == "mse" and likelihood not in ("auto", "regression"):
+        raise ValueError(f"map_loss_scale='mse' needs likelihood 'regression' (got {likelihood!r}); "
+                         "allowed for this likelihood: map_loss_scale in ['nll']")
+
+
 class MAPCore(nn.Module):
     """MAP training of ``model`` under ``likelihood`` with a per-tensor Gaussian prior.
 
@@ -89,11 +99,7 @@ class MAPCore(nn.Module):
             raise ValueError("n_data, temperature and sigma_noise must be positive")
         if on_nonfinite_loss not in ("error", "skip"):
             raise ValueError(f"on_nonfinite_loss={on_nonfinite_loss!r} is not supported; allowed: ['error', 'skip']")
-        if loss_scale not in LOSS_SCALES:
-            raise ValueError(f"map_loss_scale={loss_scale!r} is not supported; allowed: {list(LOSS_SCALES)}")
-        if loss_scale == "mse" and likelihood != "regression":
-            raise ValueError(f"map_loss_scale='mse' needs likelihood 'regression' (got {likelihood!r}); "
-                             "allowed for this likelihood: ['nll']")
+        check_loss_scale(loss_scale, likelihood)
         self.on_nonfinite_loss = on_nonfinite_loss
         self.loss_scale = loss_scale
         self.n_skipped_batches = 0
