@@ -4,16 +4,11 @@ first use: torchvision takes seconds to import)."""
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.data.toy import SinusoidDataModule, Toy2DDataModule
 from laplace_lab.data.uci import UCI_DATASETS, UCIDataModule
+from laplace_lab.lazy import lazy_attributes
 
 __all__ = [
     "LabDataModule", "Toy2DDataModule", "SinusoidDataModule", "UCIDataModule", "VisionDataModule",
     "UCI_DATASETS", "VISION_DATASETS",
 ]
 
-
-def __getattr__(name: str):
-    if name in ("VisionDataModule", "VISION_DATASETS"):
-        from laplace_lab.data import vision
-
-        return getattr(vision, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, dict.fromkeys(("VisionDataModule", "VISION_DATASETS"), "laplace_lab.data.vision"))

@@ -53,15 +53,10 @@ Modules: ``config`` (validation), ``metrics``, ``predict`` (running predictors),
 """
 
 from laplace_lab.evaluation.config import EvalConfig, validate_config
+from laplace_lab.lazy import lazy_attributes
 
 __all__ = ["EvalConfig", "metric_key", "run_evaluation", "toy2d_contours", "validate_config"]
-_LAZY = {"metric_key": "runner", "run_evaluation": "runner", "toy2d_contours": "toy2d"}
-
-
-def __getattr__(name: str):
-    """``runner`` / ``toy2d`` names on first use (they import pandas, matplotlib and seaborn)."""
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"laplace_lab.evaluation.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# ``runner`` / ``toy2d`` names on first use (they import pandas and matplotlib)
+__getattr__ = lazy_attributes(__name__, {"metric_key": "laplace_lab.evaluation.runner",
+                                         "run_evaluation": "laplace_lab.evaluation.runner",
+                                         "toy2d_contours": "laplace_lab.evaluation.toy2d"})

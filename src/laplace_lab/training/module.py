@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from laplace_lab.laplace.priors import Prior
+from laplace_lab.lazy import lazy_attributes
 from laplace_lab.training.nll import LIKELIHOODS, natural_to_mean_var, summed_nll
 
 RUN_IDENTITY_KEY = "laplace_lab_run_identity"
@@ -260,10 +261,5 @@ class MAPCore(nn.Module):
         return {"optimizer": optimizer, "lr_scheduler": self.scheduler_factory(optimizer)}
 
 
-def __getattr__(name: str):
-    """``MAPModule`` (the Lightning class) on first use: importing Lightning costs seconds."""
-    if name == "MAPModule":
-        from laplace_lab.training.lightning_classes import MAPModule
-
-        return MAPModule
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# ``MAPModule`` (the Lightning class) on first use: importing Lightning costs seconds
+__getattr__ = lazy_attributes(__name__, {"MAPModule": "laplace_lab.training.lightning_classes"})

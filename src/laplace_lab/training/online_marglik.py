@@ -45,6 +45,7 @@ from torch import nn
 
 from laplace_lab.laplace import Laplace
 from laplace_lab.laplace.hyper import MarglikOptimizer
+from laplace_lab.lazy import lazy_attributes
 from laplace_lab.training.hyperparameters import (
     PRIOR_STRUCTURES,
     example_input,
@@ -321,10 +322,5 @@ class OnlineMarglikCore:
                 lr=self.lr_hyp, log_min=self.log_min, log_max=self.log_max)
 
 
-def __getattr__(name: str):
-    """``OnlineMarglik`` (the Lightning callback) on first use: importing Lightning costs seconds."""
-    if name == "OnlineMarglik":
-        from laplace_lab.training.lightning_classes import OnlineMarglik
-
-        return OnlineMarglik
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# ``OnlineMarglik`` (the Lightning callback) on first use: importing Lightning costs seconds
+__getattr__ = lazy_attributes(__name__, {"OnlineMarglik": "laplace_lab.training.lightning_classes"})
