@@ -384,20 +384,14 @@ def _linear_kfac(c: Call, approx: str) -> tuple[torch.Tensor, torch.Tensor, int]
     """One call's ``(A_sum, G, rows)`` of a Linear on ``[N, *, D_in]`` (``kfac_factors``)."""
     a = c.args[0]
     shared = a.dim() > 2 and a.shape[1:-1].numel() > 1
-    if approx == "expand" or not shared:
-        x = a.reshape(-1, a.shape[-1])
-        G_c = 0
-        for gk in kn_blocks(c):
-            gm = gk.reshape(-1, gk.shape[-1])
-            G_c = G_c + gm.T @ gm
-        return x.T @ x, G_c, a.shape[:-1].numel()
-    if approx == "backpack":
+    if approx == "expand" or not shared:  # every row a sample
+        x, rows = a.reshape(-1, a.shape[-1]), a.shape[:-1].numel()
+        g_rows = (gk.reshape(-1, gk.shape[-1]) for gk in kn_blocks(c))
+    elif approx == "backpack":
         raise ValueError(f"kfac_approx='backpack' is defined for Conv2d and for Linear layers on [N, D] inputs "
                          f"(BackPack's convention); got a Linear input of shape {tuple(a.shape)}. "
                          f"Allowed for it: 'expand', 'reduce'")
-    x = a.reshape(a.shape[0], -1, a.shape[-1]).mean(1)  # reduce
-    G_c = 0
-    for gk in kn_blocks(c):
-        gs = gk.reshape(gk.shape[0], -1, gk.shape[-1]).sum(1)
-        G_c = G_c + gs.T @ gs
-    return x.T @ x, G_c, a.shape[0]
+    else:  # reduce: per-sample mean of the inputs, sum of the output gradients
+        x, rows = a.reshape(a.shape[0], -1, a.shape[-1]).mean(1), a.shape[0]
+        g_rows = (gk.reshape(gk.shape[0], -1, gk.shape[-1]).sum(1) for gk in kn_blocks(c))
+    return x.T @ x, sum((g.T @ g for g in g_rows), 0), rows
