@@ -166,7 +166,7 @@ def evaluate(cfg: DictConfig, module: MAPCore, datamodule: LabDataModule, la, lo
     predictors.update(extra_predictors or {})
     task = "classification" if module.likelihood == "classification" else "regression"
     is_toy2d = task == "classification" and tuple(datamodule.input_shape) == (2,)
-    # imported here: pandas, matplotlib and seaborn load when a run evaluates
+    # imported here: pandas and matplotlib load when a run evaluates
     from laplace_lab.evaluation.runner import run_evaluation
 
     return run_evaluation(
@@ -216,12 +216,11 @@ def train_map(cfg: DictConfig, output_dir: Path, loggers, loop: str | None = Non
     if map_cache.load(module, cached):
         datamodule.setup("fit")
         metrics = {"time/fit_s": 0.0, "map_cache/hit": 1.0}
-    elif loop == "plain":
-        trainer.fit(module, datamodule)
-        map_cache.save(module, cached, map_cache.key_contents(cfg, datamodule) if cached else None)
-        metrics = {"time/fit_s": time.perf_counter() - start}
     else:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.checkpoint.resume_from)
+        if loop == "plain":  # (a run resuming from a checkpoint is never plain: loop_choice)
+            trainer.fit(module, datamodule)
+        else:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.checkpoint.resume_from)
         map_cache.save(module, cached, map_cache.key_contents(cfg, datamodule) if cached else None)
         metrics = {"time/fit_s": time.perf_counter() - start}
     if "val/nll" in trainer.callback_metrics:
