@@ -13,7 +13,9 @@ command refuses: ``--allow-mixed`` / ``--allow-mixed-launches`` write anyway, wi
 the header and the commit of every row. Non-finite metric values are left out of the cells (and
 counted, per run), unreadable job files are listed, and two jobs with the same overrides (less
 run-only keys) are refused. With a preset, ``experiments/*/reference.yaml`` files of that preset
-add a "Reference numbers" section (``laplace_lab.reference``).
+add a "Reference numbers" section (``laplace_lab.reference``). A metric named ``mean(<pattern>)``
+is computed per job from its logged metrics (``laplace_lab.derived_metrics``), e.g.
+``mean(shift/rot_*/la/ece)``: the ECE averaged over the rotated-MNIST angles.
 
 Every job folder under the given multirun folders with a ``metrics.json`` (and, when it has a
 ``status.json`` marker, state ``finished``) is one run. Runs are grouped by the method keys: by
@@ -57,6 +59,7 @@ from typing import Any
 import yaml
 
 from laplace_lab import reference as ref
+from laplace_lab.derived_metrics import add_derived
 from laplace_lab.model_selection import rank_candidates, validate_spec
 from laplace_lab.model_selection import to_markdown as selection_markdown
 from laplace_lab.provenance import (
@@ -576,6 +579,8 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
                               + ". Aggregate each launch's sweep folder separately, or pass --allow-mixed-launches.")
     keys = list(group_by) if group_by is not None else default_group_by(runs, seeds)
     names = list(metrics) if metrics else default_metrics(runs)
+    selection_names = [model_selection["score"], *model_selection["targets"]] if model_selection else []
+    add_derived([*names, *selection_names], [r.metrics for r in runs], [_relative(r.path, dirs) for r in runs])
     unknown = [m for m in names if not any(m in r.metrics for r in runs)]
     if unknown:
         raise ValueError(f"metrics {unknown} are in no run's metrics.json; allowed: {default_metrics(runs)}")

@@ -549,3 +549,37 @@ def test_table_figures_draw_the_seed_mean_per_epoch_from_the_jobs_csv(sweep, tmp
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 5000
     assert not (tmp_path / "r" / "eta_figures" / "augmentation_eta_translate_x.png").exists()  # no job logs it
     assert "![all groups: augmentation_eta_rotation](eta_figures/augmentation_eta_rotation.png)" in md.read_text()
+
+
+def test_derived_mean_over_a_pattern_is_computed_per_job(tmp_path):
+    sweep = tmp_path / "multirun"
+    curves = {0: [0.1, 0.3, 0.8], 1: [0.2, 0.4, 0.6]}  # ECE at angles 0, 15, 30 per seed
+    for seed, curve in curves.items():
+        angles = {f"shift/rot_{a}/la/ece": v for a, v in zip((0, 15, 30), curve)}
+        make_job(sweep, "mlp", "kron", seed, {**angles, "shift/rot_0/la/nll": 9.0, "test/la/ece": 0.05})
+    name = "mean(shift/rot_*/la/ece)"
+    _, csv_path, jobs = tables.aggregate([sweep], "toy", metrics=[name, "test/la/ece"], results_dir=tmp_path / "r")
+    per_seed = [statistics.fmean(c) for c in curves.values()]
+    (row,) = read_csv(csv_path)
+    assert abs(float(row[f"{name} mean"]) - statistics.fmean(per_seed)) < 1e-12  # nll at rot_0 not matched
+    assert sorted(float(r[name]) for r in read_csv(jobs)) == pytest.approx(sorted(per_seed), abs=1e-15)
+
+
+def test_derived_mean_refuses_unmatched_or_uneven_patterns(tmp_path):
+    sweep = tmp_path / "multirun"
+    make_job(sweep, "mlp", "kron", 0, {"shift/rot_0/la/ece": 0.1, "shift/rot_15/la/ece": 0.2})
+    make_job(sweep, "mlp", "kron", 1, {"shift/rot_0/la/ece": 0.1})  # a shorter curve
+    with pytest.raises(ValueError, match=r"averages different keys in different jobs"):
+        tables.aggregate([sweep], "toy", metrics=["mean(shift/rot_*/la/ece)"], results_dir=tmp_path / "r")
+    with pytest.raises(ValueError, match=r"matches no metric of any job"):
+        tables.aggregate([sweep], "toy", metrics=["mean(shift/rot_*/map/ece)"], results_dir=tmp_path / "r")
+
+
+def test_derived_mean_is_non_finite_when_one_point_is(tmp_path):
+    sweep = tmp_path / "multirun"
+    make_job(sweep, "mlp", "kron", 0, {"shift/rot_0/la/ece": 0.1, "shift/rot_15/la/ece": float("nan")})
+    make_job(sweep, "mlp", "kron", 1, {"shift/rot_0/la/ece": 0.3, "shift/rot_15/la/ece": 0.5})
+    name = "mean(shift/rot_*/la/ece)"
+    _, csv_path, _ = tables.aggregate([sweep], "toy", metrics=[name], results_dir=tmp_path / "r")
+    (row,) = read_csv(csv_path)
+    assert float(row[f"{name} mean"]) == pytest.approx(0.4) and row[f"{name} nonfinite"] == "1"
