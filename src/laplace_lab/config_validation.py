@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from laplace_lab.config_values import validate_values
 from laplace_lab.laplace.options import Likelihood, LinkApprox, PredType
+from laplace_lab.laplace.predictive import check_nn_link
 from laplace_lab.laplace.spec import LaplaceSpec, hessian_structures, structure_class
 from laplace_lab.training.module import check_loss_scale
 
@@ -109,8 +110,7 @@ def validate_laplace_config(cfg: DictConfig) -> None:
     mode = _choice(cfg, "marglik.mode", MARGLIK_MODES)
     pred_type = _choice(cfg, "predictive.pred_type", PRED_TYPES)
     link = _choice(cfg, "predictive.link_approx", LINKS)
-    _require(pred_type != "nn" or link == "mc",
-             f"predictive.pred_type='nn' samples the network and needs predictive.link_approx='mc'; got {link!r}")
+    check_nn_link(pred_type, link, key=lambda name: f"predictive.{name}")
     delta = cfg.prior.prior_precision
     _require(isinstance(delta, (int, float)) and delta > 0, f"prior.prior_precision must be a positive number; got {delta!r}")
     _require(int(cfg.curvature.n_mc_samples) >= 1, f"curvature.n_mc_samples must be >= 1; got {cfg.curvature.n_mc_samples}")

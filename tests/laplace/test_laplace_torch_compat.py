@@ -53,7 +53,7 @@ def test_config_rejects_nn_with_a_closed_form_link():
     from tests.conftest import compose_config
 
     validate_laplace_config(compose_config(["predictive=nn_mc"]))
-    with pytest.raises(ValueError, match=r"predictive.pred_type='nn'.*predictive.link_approx='mc'; got 'probit'"):
+    with pytest.raises(ValueError, match=r"predictive.pred_type='nn'.*predictive.link_approx must be 'mc'.*got predictive.link_approx='probit'"):
         validate_laplace_config(compose_config(["predictive=nn_mc", "predictive.link_approx=probit"]))
 
 

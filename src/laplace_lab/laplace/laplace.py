@@ -648,9 +648,7 @@ class Laplace:
                 f = predictive.glm_moments(self, x, diag=True, chunk_size=chunk_size)[0]
                 Js, _ = self.jacobians(x)
             return f.reshape(-1), self.functional_covariance(Js)
-        if pred_type == "nn" and link_approx not in (None, "mc"):
-            raise ValueError(f"pred_type='nn' samples the network: link_approx must be 'mc' (laplace-torch's rule; "
-                             f"the default is 'probit'); got link_approx={link_approx!r}")
+        predictive.check_nn_link(pred_type, link_approx)
         if fitting:
             raise ValueError("fitting=True is laplace-torch's reward-modelling switch; likelihood "
                              "'reward_modeling' is not supported")

@@ -74,6 +74,14 @@ class RegressionPredictive(NamedTuple):
     epistemic: torch.Tensor
 
 
+def check_nn_link(pred_type: str, link_approx: str | None, key=lambda name: name) -> None:
+    """``pred_type='nn'`` samples the network, so ``link_approx`` must be 'mc' or None (laplace-torch's
+    rule); ``key`` maps 'pred_type' / 'link_approx' to the caller's option names in the message."""
+    if pred_type == "nn" and link_approx not in (None, "mc"):
+        raise ValueError(f"{key('pred_type')}='nn' samples the network: {key('link_approx')} must be 'mc' "
+                         f"(laplace-torch's rule; the default is 'probit'); got {key('link_approx')}={link_approx!r}")
+
+
 def _check(la, pred_type, link_approx, n_samples, joint, chunk_size, return_parts) -> str | None:
     if pred_type not in PRED_TYPES:
         raise ValueError(f"pred_type must be one of {PRED_TYPES}; got {pred_type!r}")
@@ -95,8 +103,7 @@ def _check(la, pred_type, link_approx, n_samples, joint, chunk_size, return_part
         return None
     if classification:
         if pred_type == "nn":
-            if link_approx not in (None, "mc"):
-                raise ValueError(f"link_approx={link_approx!r} with pred_type='nn'; allowed: ('mc',)")
+            check_nn_link(pred_type, link_approx)
             return "mc"
         return link_approx or "probit"
     if link_approx is not None and link_approx not in REGRESSION_LINKS:

@@ -148,16 +148,17 @@ class KronStructure(Structure):
     options = ("kfac_approx",)
 
     @classmethod
-    def check_options(cls, options: dict, key=str) -> None:
+    def check_options(cls, options: dict, key=str) -> str:
+        """The ``kfac_approx`` option as text (a ``KfacApprox`` or its value); raises for others."""
         value = options.get("kfac_approx", "expand")
         value = getattr(value, "value", value)
         if value not in KfacApprox.values():
             raise ValueError(f"{key('kfac_approx')} must be one of {list(KfacApprox.values())} for "
                              f"hessian_structure='kron'; got {value!r}")
+        return str(value)
 
     def __init__(self, entries, device, dtype, kfac_approx: str = "expand"):
-        self.check_options({"kfac_approx": kfac_approx})
-        self.kfac_approx = str(getattr(kfac_approx, "value", kfac_approx))  # options.KfacApprox
+        self.kfac_approx = self.check_options({"kfac_approx": kfac_approx})
         super().__init__(entries, device, dtype)
 
     def reset(self):
