@@ -13,7 +13,9 @@ Spec (all keys but ``where`` and ``lower_is_better`` required)::
 
 Per ``within`` group the candidates' means over runs are ranked by ``score`` and by each target;
 the agreement is Kendall's tau (+1: same order, -1: reversed) and whether the score's best
-candidate is the target's best.
+candidate is the target's best. Its spread: the same tau computed seed by seed (the runs sharing
+the values of ``seed_keys``, e.g. ``seed``), over the seeds every candidate of the group ran,
+as mean, standard error and number of seeds.
 """
 
 from __future__ import annotations
@@ -57,8 +59,41 @@ def _mean(values: list[float]) -> float:
     return math.fsum(values) / len(values) if values else math.nan
 
 
-def rank_candidates(runs: list, spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """One entry per ``within`` group: candidates with mean score/targets, tau and top agreement.
+def _spread(values: list[float]) -> tuple[float, float, int]:
+    """(mean, standard error, n); se is NaN for fewer than 2 values."""
+    n, mean = len(values), _mean(values)
+    if n < 2:
+        return mean, math.nan, n
+    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1) / n), n
+
+
+def _agreement(score: list[float], target: list[float], sign: float) -> tuple[float, bool | None]:
+    """(Kendall tau, whether the best by score is the best by target) over the finite pairs."""
+    target = [sign * v for v in target]
+    ok = [i for i in range(len(score)) if math.isfinite(score[i]) and math.isfinite(target[i])]
+    tau = kendall_tau([score[i] for i in ok], [target[i] for i in ok])
+    top = (max(ok, key=lambda i: score[i]) == max(ok, key=lambda i: target[i])) if ok else None
+    return tau, top
+
+
+def _per_seed_tau(cands: dict[tuple, list], metric: str, score: str, sign: float,
+                  seed_keys: tuple[str, ...]) -> list[float]:
+    """Tau of ``metric`` vs ``score`` for each seed that every candidate ran (one run per seed)."""
+    by_seed = [{tuple(r.value(k) for k in seed_keys): r for r in runs} for runs in cands.values()]
+    common = sorted(set.intersection(*(set(s) for s in by_seed))) if by_seed else []
+    taus = []
+    for seed in common:
+        runs = [s[seed] for s in by_seed]
+        tau, _ = _agreement([r.metrics.get(score, math.nan) for r in runs],
+                            [r.metrics.get(metric, math.nan) for r in runs], sign)
+        if math.isfinite(tau):
+            taus.append(tau)
+    return taus
+
+
+def rank_candidates(runs: list, spec: dict[str, Any], seed_keys: tuple[str, ...] = ("seed",)) -> list[dict[str, Any]]:
+    """One entry per ``within`` group: candidates with mean score/targets, tau and top agreement,
+    and per target ``per_seed`` = (mean, se, n) of the tau of each seed in ``seed_keys``.
 
     ``runs`` are ``tables.Run`` objects (``value(key)`` and ``metrics``)."""
     spec = validate_spec(spec)
@@ -75,17 +110,16 @@ def rank_candidates(runs: list, spec: dict[str, Any]) -> list[dict[str, Any]]:
         means = {m: [_mean([r.metrics[m] for r in cands[c] if m in r.metrics]) for c in names]
                  for m in [spec["score"], *spec["targets"]]}
         score = means[spec["score"]]
-        agreement = {}
+        agreement, per_seed = {}, {}
         for t in spec["targets"]:
             sign = 1.0 if higher_is_better(t, lower) else -1.0
-            target = [sign * v for v in means[t]]
-            ok = [i for i in range(len(names)) if math.isfinite(score[i]) and math.isfinite(target[i])]
-            tau = kendall_tau([score[i] for i in ok], [target[i] for i in ok])
-            top = (max(ok, key=lambda i: score[i]) == max(ok, key=lambda i: target[i])) if ok else None
+            tau, top = _agreement(score, means[t], sign)
             agreement[t] = {"kendall_tau": tau, "top_agrees": top}
+            per_seed[t] = _spread(_per_seed_tau(cands, t, spec["score"], sign, tuple(seed_keys)))
         out.append({"within": dict(zip(spec["within"], within)),
                     "candidates": [dict(zip(spec["candidates"], c)) for c in names],
-                    "n_runs": [len(cands[c]) for c in names], "means": means, "agreement": agreement})
+                    "n_runs": [len(cands[c]) for c in names], "means": means, "agreement": agreement,
+                    "per_seed": per_seed})
     return out
 
 
@@ -114,5 +148,7 @@ def to_markdown(rankings: list[dict[str, Any]], spec: dict[str, Any]) -> list[st
             lines.append("| " + " | ".join(cells) + " |")
         agree = "; ".join(f"{t}: tau {_fmt(a['kendall_tau'])}, best agrees: {a['top_agrees']}"
                           for t, a in entry["agreement"].items())
-        lines += ["", f"Agreement with `{spec['score']}`: {agree}", ""]
+        spread = "; ".join(f"{t}: {_fmt(m)} ± {_fmt(se)} (n={n})" for t, (m, se, n) in entry["per_seed"].items())
+        lines += ["", f"Agreement with `{spec['score']}`: {agree}", "",
+                  f"Tau seed by seed (mean ± s.e. over the seeds every candidate ran): {spread}", ""]
     return lines

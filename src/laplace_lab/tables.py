@@ -595,7 +595,7 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     copied = copy_figures(runs, keys, list(figures or ()), seeds, out / f"{name}_figures")
     sections = [*verdict_lines, *problems_markdown(loaded, nonfinite, dirs)]
     if model_selection is not None:
-        sections += selection_markdown(rank_candidates(runs, model_selection), model_selection)
+        sections += selection_markdown(rank_candidates(runs, model_selection, seeds), model_selection)
     if copied:
         sections += ["", "## Figures (first seed of each group; all groups: drawn from every seed)", ""]
         sections += [f"![{label}: {fig}]({p.parent.name}/{p.name})" for label, fig, p in copied]

@@ -59,3 +59,25 @@ def test_spec_errors_name_the_keys():
         ms.validate_spec({**SPEC, "scores": 1})
     with pytest.raises(ValueError, match=r"needs \['targets'\]"):
         ms.validate_spec({k: v for k, v in SPEC.items() if k != "targets"})
+
+
+def seeded(model: str, seed: int, marglik: float, acc: float) -> Run:
+    return Run(path=None, metrics={"laplace/log_marglik": marglik, "test/acc": acc, "test/nll": 1 - acc},
+               overrides={"data.name": "mnist", "model": model, "method_name": "online", "seed": str(seed)})
+
+
+def test_tau_spread_over_the_seeds_every_candidate_ran():
+    runs = [seeded("a", 0, -1.0, 0.9), seeded("b", 0, -2.0, 0.8), seeded("c", 0, -3.0, 0.7),  # seed 0: tau +1
+            seeded("a", 1, -1.0, 0.7), seeded("b", 1, -2.0, 0.8), seeded("c", 1, -3.0, 0.9),  # seed 1: tau -1
+            seeded("a", 2, -1.0, 0.9), seeded("b", 2, -2.0, 0.7), seeded("c", 2, -3.0, 0.8),  # seed 2: tau 1/3
+            seeded("a", 3, -1.0, 0.1)]  # seed 3: only one candidate ran it, left out
+    (entry,) = ms.rank_candidates(runs, SPEC, seed_keys=("seed",))
+    taus = [1.0, -1.0, 1 / 3]
+    mean, se, n = entry["per_seed"]["test/acc"]
+    assert n == 3 and mean == pytest.approx(sum(taus) / 3)
+    assert se == pytest.approx(math.sqrt(sum((t - mean) ** 2 for t in taus) / 2 / 3))
+    assert entry["per_seed"]["test/nll"][0] == pytest.approx(mean)  # nll = 1 - acc, lower is better
+    text = "\n".join(ms.to_markdown([entry], SPEC))
+    assert f"test/acc: {mean:.4f} ± {se:.4f} (n=3)" in text
+    (single,) = ms.rank_candidates(runs[:3], SPEC, seed_keys=("seed",))
+    assert single["per_seed"]["test/acc"][1:] == (pytest.approx(math.nan, nan_ok=True), 1)
