@@ -52,6 +52,8 @@ def validate_config(cfg: DictConfig) -> None:
     threads = cfg.get("torch_num_threads")
     _require(threads is None or (isinstance(threads, int) and threads >= 1),
              f"torch_num_threads must be null or a positive integer; got {threads!r}")
+    flush = cfg.get("flush_denormal")
+    _require(isinstance(flush, bool), f"flush_denormal must be true or false; got {flush!r}")
     grid = cfg.get("map_grid")
     _require(
         grid is None or (len(grid) > 0 and all(isinstance(v, (int, float)) and v > 0 for v in grid)),

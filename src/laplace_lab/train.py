@@ -194,6 +194,15 @@ def make_trainer(cfg: DictConfig, output_dir: Path, loggers, callbacks, loop: st
                       callbacks=callbacks, enable_checkpointing=cfg.checkpoint.enabled)
 
 
+def set_cpu_modes(cfg) -> None:
+    """Apply ``torch_num_threads`` (null: torch's default) and ``flush_denormal`` (subnormal floats
+    read and written as zero; a warning where the CPU cannot)."""
+    if cfg.torch_num_threads:
+        torch.set_num_threads(int(cfg.torch_num_threads))
+    if not torch.set_flush_denormal(bool(cfg.flush_denormal)) and cfg.flush_denormal:
+        log.warning("flush_denormal=true is not supported on this CPU: subnormal floats are kept")
+
+
 def train_map(cfg: DictConfig, output_dir: Path, loggers, loop: str | None = None) -> tuple[LabDataModule, MAPCore, object, dict]:
     """Seed, build and train (or load from the MAP cache) one network with ``loop`` (``lightning`` |
     ``plain``; None: ``trainer.loop``'s choice); returns its final metrics ``time/fit_s`` and
@@ -339,8 +348,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
         loop = loop_choice.choose_loop(cfg)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    if cfg.torch_num_threads:
-        torch.set_num_threads(int(cfg.torch_num_threads))
+    set_cpu_modes(cfg)
     if ensemble.enabled(cfg) and cfg.ensemble.member is not None:  # train one member into the MAP cache
         return ensemble.run_member_job(cfg, output_dir, train_map)
     loggers = build_loggers(cfg, output_dir, plain=loop == "plain")
