@@ -58,6 +58,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from laplace_lab import peer_csv
 from laplace_lab.evaluation import run_evaluation
+from laplace_lab.summary_stats import mean_se
 from laplace_lab.sweeps.run_only import RUN_ONLY_KEYS, RUN_ONLY_SUBKEYS, strip_run_only
 from laplace_lab.training import map_cache
 from laplace_lab.training.predictors import map_predictor
@@ -262,12 +263,6 @@ def append_row(path: Path, row: dict) -> None:
     peer_csv.append_row(path, row, FIELDS, extrasaction="ignore")  # rows carry more keys than FIELDS
 
 
-def mean_se(vals: list[float]) -> tuple[float, float]:
-    mean = sum(vals) / len(vals)
-    se = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1) / len(vals)) if len(vals) > 1 else float("nan")
-    return mean, se
-
-
 SUMMARY_METRICS = ["test/la/acc", "test/la/nll", "test/la/ece", "test/la/brier", "ood/fashion_mnist/la/conf",
                    "ood/fashion_mnist/la/auroc", "ood/noise/la/conf", "ood/noise/la/auroc", "test/map/ece",
                    "ood/fashion_mnist/map/conf"]
@@ -286,7 +281,7 @@ def ours_by_method(sweep_dir: Path | None) -> dict[str, dict[int, dict]]:
     return out
 
 
-def _fmt(stat: tuple[float, float]) -> str:
+def _fmt(stat: tuple[float, ...]) -> str:
     return f"{stat[0]:.4f} ± {stat[1]:.4f}" if stat[1] == stat[1] else f"{stat[0]:.4f}"
 
 
@@ -310,7 +305,7 @@ def summary(rows: list[dict], command: str, sweep_dir: Path | None = None) -> st
             own = [m[metric] for m in own_jobs if metric in m]
             lines.append(f"{metric} | {_fmt(peer)} | {_fmt(mean_se(own)) if own else '-'}")
         for metric in REFERENCE_METRICS:
-            mean, se = mean_se([float(r[metric]) for r in mrows])
+            mean, se, _ = mean_se([float(r[metric]) for r in mrows])
             if not math.isfinite(se):
                 continue  # one seed: no stated tolerance; no entry
             name = metric.replace("/", "_").replace("_la_", "_")

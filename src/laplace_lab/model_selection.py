@@ -23,6 +23,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from laplace_lab.summary_stats import mean_se
+
 LOWER_IS_BETTER = ("nll", "ece", "brier", "rmse", "fpr95", "mmc", "error")
 SPEC_KEYS = ("score", "candidates", "within", "targets", "where", "lower_is_better")
 
@@ -57,14 +59,6 @@ def kendall_tau(a: list[float], b: list[float]) -> float:
 
 def _mean(values: list[float]) -> float:
     return math.fsum(values) / len(values) if values else math.nan
-
-
-def _spread(values: list[float]) -> tuple[float, float, int]:
-    """(mean, standard error, n); se is NaN for fewer than 2 values."""
-    n, mean = len(values), _mean(values)
-    if n < 2:
-        return mean, math.nan, n
-    return mean, math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1) / n), n
 
 
 def _agreement(score: list[float], target: list[float], sign: float) -> tuple[float, bool | None]:
@@ -115,7 +109,7 @@ def rank_candidates(runs: list, spec: dict[str, Any], seed_keys: tuple[str, ...]
             sign = 1.0 if higher_is_better(t, lower) else -1.0
             tau, top = _agreement(score, means[t], sign)
             agreement[t] = {"kendall_tau": tau, "top_agrees": top}
-            per_seed[t] = _spread(_per_seed_tau(cands, t, spec["score"], sign, tuple(seed_keys)))
+            per_seed[t] = mean_se(_per_seed_tau(cands, t, spec["score"], sign, tuple(seed_keys)))
         out.append({"within": dict(zip(spec["within"], within)),
                     "candidates": [dict(zip(spec["candidates"], c)) for c in names],
                     "n_runs": [len(cands[c]) for c in names], "means": means, "agreement": agreement,

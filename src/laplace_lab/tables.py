@@ -72,6 +72,7 @@ from laplace_lab.provenance import (
     run_commit,
     run_launches,
 )
+from laplace_lab.summary_stats import mean_se
 from laplace_lab.sweeps.status import (
     DEVICE_FIELDS,
     ENTRY,
@@ -228,16 +229,6 @@ def load_runs(sweep_dirs: list[Path], launch_id: str | None = None) -> Loaded:
             elif launch_id is None or run.status.get("launch_id") == launch_id:
                 loaded.runs.append(run)
     return loaded
-
-
-def mean_se(values: list[float]) -> tuple[float, float, int]:
-    """Mean, standard error (sample std / sqrt(n); NaN for n < 2) and n of finite ``values``."""
-    n = len(values)
-    if n == 0:
-        return math.nan, math.nan, 0
-    mean = math.fsum(values) / n
-    se = math.sqrt(math.fsum((x - mean) ** 2 for x in values) / (n - 1) / n) if n > 1 else math.nan
-    return mean, se, n
 
 
 def nonfinite_values(runs: list[Run], metrics: list[str]) -> list[tuple[Path, str, float]]:
