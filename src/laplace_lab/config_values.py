@@ -53,6 +53,7 @@ RANGES: dict[str, tuple[str, float, float, bool, bool]] = {
     "data.split": ("int", 0, INF, True, False),
     "data.val_fraction": ("float", 0, 1, True, False),
     "data.n_val": ("int", 0, INF, True, False),
+    "data.test_holdout": ("int", 0, INF, True, False),
     "data.n_train": ("int", 1, INF, True, False),
     "data.n_test": ("int", 1, INF, True, False),
     "data.n_train_subset": ("int", 1, INF, True, True),

@@ -13,6 +13,7 @@ from laplace_lab.run_loggers import build_loggers
 from laplace_lab.sweeps.callback import validate_aggregate
 from laplace_lab.train import instantiate
 from laplace_lab.training.loop_choice import trainer_kwargs
+from laplace_lab.training.schedules import scheduler_interval
 from tests.conftest import CONF_DIR, compose_config
 
 # hydra/launcher options need the optional launcher plugins; they are tested in their own module.
@@ -82,7 +83,8 @@ def test_optimizer_and_scheduler_instantiate(group):
         params = [torch.nn.Parameter(torch.zeros(3))]
         opt = hydra.utils.instantiate(cfg.optimizer)(params)
         if group == "lr_scheduler" and cfg.lr_scheduler:
-            hydra.utils.instantiate(cfg.lr_scheduler)(opt)
+            factory = hydra.utils.instantiate(cfg.lr_scheduler)
+            factory(opt, 100) if scheduler_interval(factory) == "step" else factory(opt)
 
 
 def test_trainer_and_logger_instantiate(tmp_path):

@@ -59,7 +59,8 @@ def test_yacht_online_marglik_identical(tmp_path, data_dir):
 @pytest.mark.parametrize("extra", [
     ["data.n_val=50", "+trainer.check_val_every_n_epoch=7", "trainer.log_every_n_steps=3"],
     ["data.n_val=0", "on_nonfinite_loss=skip"],  # full batch, no validation (the issue-16 benchmark's shape)
-], ids=["val-every-7", "no-val"])
+    ["data.batch_size=32", "lr_scheduler=cosine_per_step"],  # lr stepped after every batch
+], ids=["val-every-7", "no-val", "per-step-cosine"])
 def test_sinusoid_online_marglik_identical(extra, tmp_path):
     _assert_same_run(["data=sinusoid", *ONLINE, "trainer.max_epochs=40", "marglik.frequency=10",
                       "marglik.n_steps=20", "marglik.burnin=10", *QUIET, *extra], tmp_path)

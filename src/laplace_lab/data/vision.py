@@ -156,6 +156,21 @@ class AugmentedDataset(Dataset):
         return padded[:, top:top + h, left:left + w], y
 
 
+TEST_HOLDOUT_SEED = 42  # the Laplace Redux authors' val_test_split generator seed
+
+
+def hold_out_test(test: Dataset, n_holdout: int) -> Dataset:
+    """``test`` less its first ``n_holdout`` images of ``randperm(len(test))`` seeded
+    ``TEST_HOLDOUT_SEED`` (the rest in that order); ``test`` itself when ``n_holdout == 0``."""
+    if n_holdout == 0:
+        return test
+    if n_holdout >= len(test):
+        raise ValueError(f"data.test_holdout={n_holdout} leaves no test image (the test set has {len(test)}); "
+                         f"allowed: 0 to {len(test) - 1}")
+    order = torch.randperm(len(test), generator=torch.Generator().manual_seed(TEST_HOLDOUT_SEED)).tolist()
+    return Subset(test, order[n_holdout:])
+
+
 class VisionDataModule(LabDataModule):
     """A torchvision classification set with a fixed-seed validation split and OOD test sets.
 
@@ -171,6 +186,12 @@ class VisionDataModule(LabDataModule):
         fake_size: number of images of ``fake_data`` per split (smoke tests).
         transform: fixed-seed transformed variant of both splits (``data.transformed``): ``none`` |
             ``rotated_full`` | ``rotated_partial`` | ``translated``.
+        test_holdout: test images left out of every metric: the first ``test_holdout`` of
+            ``torch.randperm(n_test)`` under a generator seeded ``TEST_HOLDOUT_SEED`` (42), i.e.
+            ``random_split(test, (test_holdout, n_test - test_holdout), generator)`` as the Laplace
+            Redux authors' ``val_test_split``; the test set is the rest, in that permuted order (so
+            rotated-MNIST's first batches are too). ``0``: all test images, in file order. The OOD
+            sets are never cut (the authors use them whole).
     """
 
     task = "classification"
@@ -179,8 +200,11 @@ class VisionDataModule(LabDataModule):
     def __init__(self, name: str = "mnist", data_dir: str = "data", n_val: int = 5000,
                  n_train_subset: int | None = None, ood: list[str] | tuple[str, ...] = (),
                  ood_if_missing: str = "skip", augment: bool = False, download: bool = True,
-                 fake_size: int = 256, transform: str = "none", **kwargs):
+                 fake_size: int = 256, transform: str = "none", test_holdout: int = 0, **kwargs):
         super().__init__(**kwargs)
+        if isinstance(test_holdout, bool) or not isinstance(test_holdout, int) or test_holdout < 0:
+            raise ValueError(f"data.test_holdout must be an integer >= 0 (test images left out); got {test_holdout!r}")
+        self.test_holdout = test_holdout
         self.transform = check_transform(transform)
         for option, value in [("data.name", name)] + [("data.ood", o) for o in ood]:
             if value not in VISION_DATASETS:
@@ -218,8 +242,9 @@ class VisionDataModule(LabDataModule):
             train = Subset(train, range(min(self.n_train_subset, len(train))))
         self.train_plain = train
         self.train_set = AugmentedDataset(train) if self.augment else train
-        self.test_set = _transformed(load_tensors(self.name, self.root, train=False, fake_size=self.fake_size),
-                                     self.transform, train=False)
+        test = _transformed(load_tensors(self.name, self.root, train=False, fake_size=self.fake_size),
+                            self.transform, train=False)
+        self.test_set = hold_out_test(test, self.test_holdout)
         self._loaded = True
 
     def train_eval_dataloader(self, batch_size: int | None = None) -> DataLoader:

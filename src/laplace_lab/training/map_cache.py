@@ -7,7 +7,8 @@ The key hashes three things:
   hash (``laplace_lab.sweeps.run_only``) and the keys that only shape what happens after training
   (``POSTHOC_ONLY_KEYS``: curvature, predictive, evaluation, post-hoc marglik, ``ensemble`` (a
   member is trained exactly as a single run with its seed, so the two share a cache entry), ``prior.structure``,
-  which only shapes the Laplace's prior: training starts every tensor at ``prior.prior_precision``).
+  which only shapes the Laplace's prior: training starts every tensor at ``prior.prior_precision``,
+  and ``data.test_holdout``, which only cuts the test set).
   A new config key therefore invalidates the cache unless it is added to a deny-list;
 - the data files the data module read (path relative to the data module's ``root``, size and a
   SHA-256 of the contents; ``data_files()`` of the data module, none for generated data), so a data
@@ -38,7 +39,7 @@ from laplace_lab.training.module import MAPCore
 log = logging.getLogger(__name__)
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 POSTHOC_ONLY_KEYS = ("curvature", "predictive", "evaluation", "marglik", "method_name", "checkpoint", "ensemble")
-POSTHOC_ONLY_SUBKEYS = {"prior": ("structure",)}
+POSTHOC_ONLY_SUBKEYS = {"prior": ("structure",), "data": ("test_holdout",)}
 
 
 @functools.lru_cache(maxsize=1)

@@ -37,6 +37,7 @@ from torch import nn
 from laplace_lab.laplace.priors import Prior
 from laplace_lab.lazy import lazy_attributes
 from laplace_lab.training.nll import LIKELIHOODS, natural_to_mean_var, summed_nll
+from laplace_lab.training.schedules import scheduler_interval
 
 RUN_IDENTITY_KEY = "laplace_lab_run_identity"
 LOSS_SCALES = ("nll", "mse")
@@ -66,7 +67,8 @@ class MAPCore(nn.Module):
         likelihood: ``classification``, ``regression`` or ``heteroscedastic_regression``.
         n_data: training-set size ``N``.
         optimizer: ``params -> torch.optim.Optimizer`` (a Hydra partial).
-        lr_scheduler: ``optimizer -> scheduler`` or ``None``.
+        lr_scheduler: ``optimizer -> scheduler`` stepped per epoch, a per-step factory
+            (``training.schedules``: ``(optimizer, total_steps) -> scheduler``) or ``None``.
         prior_precision: initial precision (float: same for every tensor; or a tensor of
             shape ``[n_param_tensors]`` or ``[n_params]``).
         sigma_noise: initial Gaussian noise std (regression only).
@@ -258,6 +260,9 @@ class MAPCore(nn.Module):
         optimizer = self.optimizer_factory(self.model.parameters())
         if self.scheduler_factory is None:
             return optimizer
+        if scheduler_interval(self.scheduler_factory) == "step":  # training.schedules
+            scheduler = self.scheduler_factory(optimizer, self.trainer.estimated_stepping_batches)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
         return {"optimizer": optimizer, "lr_scheduler": self.scheduler_factory(optimizer)}
 
 

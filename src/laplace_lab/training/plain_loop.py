@@ -12,8 +12,8 @@ or accumulation (``training.loop_choice`` decides when a run qualifies):
   restored after it);
 - every epoch: ``set_epoch`` on the training sampler, ``on_train_epoch_start``; per batch
   ``training_step`` -> ``zero_grad()`` -> ``backward`` (skipped when the step returns ``None``) ->
-  ``on_after_backward`` -> ``optimizer.step()``; after the last batch the epoch-interval lr
-  scheduler steps, then (every ``check_val_every_n_epoch`` epochs) the validation epoch (eval
+  ``on_after_backward`` -> ``optimizer.step()`` -> a step-interval lr scheduler's ``step()``
+  (``training.schedules``); after the last batch the epoch-interval lr scheduler steps, then (every ``check_val_every_n_epoch`` epochs) the validation epoch (eval
   mode, ``torch.inference_mode``), then
   ``on_train_epoch_end``; the callbacks' ``on_train_end`` after the last epoch;
 - logging as Lightning's: ``log_dict(..., on_epoch=True)`` values are float32 batch-size-weighted
@@ -35,6 +35,8 @@ from collections.abc import Iterable
 from contextlib import contextmanager
 
 import torch
+
+from laplace_lab.training.schedules import SCHEDULER_INTERVALS
 
 log = logging.getLogger(__name__)
 SANITY_VAL_STEPS = 2  # Lightning's num_sanity_val_steps default
@@ -168,9 +170,10 @@ class PlainTrainer:
         datamodule.setup("fit")
         module.to(self.root_device)
         module.train()
-        optimizer, scheduler = _optimizer_and_scheduler(module.configure_optimizers())
         train_loader, val_loader = datamodule.train_dataloader(), datamodule.val_dataloader()
         self.num_training_batches = len(train_loader)
+        self.estimated_stepping_batches = self.max_epochs * self.num_training_batches  # as Lightning's
+        optimizer, scheduler, interval = _optimizer_and_scheduler(module.configure_optimizers())
         n_val = len(val_loader)
         self._hooks("on_fit_start", module)
         if n_val:  # Lightning's sanity check: nothing logged, the random generators restored after it
@@ -192,8 +195,10 @@ class PlainTrainer:
                     self._hooks("on_after_backward", module)
                 optimizer.step()
                 self.global_step += 1
+                if scheduler is not None and interval == "step":
+                    scheduler.step()
             train_means = self._means
-            if scheduler is not None:
+            if scheduler is not None and interval == "epoch":
                 scheduler.step()
             if n_val and (epoch + 1) % self.check_val_every_n_epoch == 0:
                 self._log_epoch(self._validate(module, val_loader))
@@ -231,16 +236,23 @@ def _isolated_rng():
             torch.cuda.set_rng_state_all(states[3])
 
 
-def _optimizer_and_scheduler(config) -> tuple[torch.optim.Optimizer, object | None]:
-    """``configure_optimizers()``'s result (an optimiser, or ``{"optimizer", "lr_scheduler"}`` with an
-    epoch-interval scheduler stepped every epoch, Lightning's default) as ``(optimizer, scheduler)``."""
+def _optimizer_and_scheduler(config) -> tuple[torch.optim.Optimizer, object | None, str]:
+    """``configure_optimizers()``'s result as ``(optimizer, scheduler, interval)``: an optimiser alone,
+    ``{"optimizer", "lr_scheduler": scheduler}`` (stepped every epoch, Lightning's default) or
+    ``{"optimizer", "lr_scheduler": {"scheduler", "interval"}}`` with interval ``epoch`` or ``step``
+    (stepped after every optimiser step); other keys of Lightning's scheduler dict are refused."""
     if isinstance(config, torch.optim.Optimizer):
-        return config, None
-    scheduler = config.get("lr_scheduler")
+        return config, None, "epoch"
+    scheduler, interval = config.get("lr_scheduler"), "epoch"
     if isinstance(scheduler, dict):
-        raise ValueError("the plain loop takes an lr scheduler object, not a Lightning scheduler dict; "
-                         "allowed: trainer.loop=lightning")
-    return config["optimizer"], scheduler
+        other = sorted(set(scheduler) - {"scheduler", "interval"})
+        interval = scheduler.get("interval", "epoch")
+        if other or interval not in SCHEDULER_INTERVALS:
+            raise ValueError(f"the plain loop takes a scheduler dict with keys scheduler and interval "
+                             f"(allowed intervals: {list(SCHEDULER_INTERVALS)}); got keys {sorted(scheduler)}, "
+                             f"interval {interval!r}; for the others use trainer.loop=lightning")
+        scheduler = scheduler["scheduler"]
+    return config["optimizer"], scheduler, interval
 
 
 def _set_sampler_epoch(loader, epoch: int) -> None:
