@@ -131,3 +131,16 @@ def test_sweep_jobs(peer, tmp_path):
     assert "no reference.yaml entries" in text  # one seed: no s.e., no entry
     with pytest.raises(FileNotFoundError, match="no job folders"):
         peer.sweep_jobs(tmp_path / "method=la,seed=1")
+
+
+def test_an_older_jobs_config_gets_todays_new_root_options_for_the_rebuild_only(peer):
+    from tests.conftest import compose_config
+
+    today = OmegaConf.create(OmegaConf.to_container(compose_config(["experiment=redux_mnist"]), resolve=True))
+    old = OmegaConf.create({k: v for k, v in today.items() if k not in ("map_loss_scale", "flush_denormal")})
+    old.seed = 3
+    filled, names = peer.with_todays_root_options(old)
+    assert sorted(names) == ["flush_denormal", "map_loss_scale"]
+    assert filled.map_loss_scale == "nll" and filled.flush_denormal is True and filled.seed == 3
+    assert "map_loss_scale" not in old  # the job's own config (the cache lookup's) is untouched
+    assert peer.with_todays_root_options(today)[1] == []

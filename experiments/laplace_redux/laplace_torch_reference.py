@@ -30,8 +30,9 @@ recorded in the sweep's ``launches.jsonl``; ``--map-cache-dir`` overrides). The 
 file named by the job's cache key (``map_cache.cache_key``) when the code is the same; else the
 unique entry whose ``<key>.json`` has the same training config and data files (the code hash
 left out, so a later checkout finds the MAP networks of an earlier commit). None, or several:
-an error naming the candidates. The job's config is rebuilt with today's code (``train.build``),
-so run the script from the sweep's commit or a later one that still accepts that config.
+an error naming the candidates. The job's config is rebuilt with today's code (``train.build``);
+root options added to ``conf/train.yaml`` after the sweep's commit (e.g. ``map_loss_scale``) are
+filled in with today's defaults for the rebuild (named on stdout), never for the cache lookup.
 
 One row per (seed, method) in a CSV; rows already there are skipped (resumable).
 ``--summary`` prints mean +- s.e. per method (our jobs' beside, from their ``metrics.json``)
@@ -59,7 +60,7 @@ from omegaconf import DictConfig, OmegaConf
 from laplace_lab import peer_csv
 from laplace_lab.evaluation import run_evaluation
 from laplace_lab.summary_stats import mean_se
-from laplace_lab.sweeps.run_only import RUN_ONLY_KEYS, RUN_ONLY_SUBKEYS, strip_run_only
+from laplace_lab.sweeps.run_only import strip_run_only
 from laplace_lab.training import map_cache
 from laplace_lab.training.predictors import map_predictor
 
@@ -162,8 +163,7 @@ def _jsonable(obj):
 def _strip(config: dict) -> dict:
     """A cache key's config without today's deny-listed keys (an entry written by older code may
     keep a key that has since become run-only or post-hoc-only)."""
-    return strip_run_only(config, RUN_ONLY_KEYS + map_cache.POSTHOC_ONLY_KEYS,
-                          {**RUN_ONLY_SUBKEYS, **map_cache.POSTHOC_ONLY_SUBKEYS})
+    return strip_run_only(config, map_cache.DENY_KEYS, map_cache.DENY_SUBKEYS)
 
 
 def find_entry(contents: dict, key: str, cache_dir: Path) -> tuple[Path, str]:
@@ -218,6 +218,21 @@ def sweep_jobs(sweep_dir: Path) -> dict[int, dict[str, Path]]:
     return jobs
 
 
+ROOT_CONFIG = Path(__file__).resolve().parents[2] / "conf" / "train.yaml"
+
+
+def with_todays_root_options(cfg: DictConfig, root_config: Path = ROOT_CONFIG) -> tuple[DictConfig, list[str]]:
+    """A copy of a job's resolved ``cfg`` with every scalar root option of today's ``train.yaml``
+    that it lacks (added after the job's commit) at today's default; returns it and those names.
+    Group keys are left alone (a group's defaults depend on the job's choice of group)."""
+    today = OmegaConf.load(root_config)
+    missing = [k for k, v in today.items() if k != "defaults" and k not in cfg and not isinstance(v, DictConfig)]
+    filled = copy.deepcopy(cfg)
+    for key in missing:
+        filled[key] = today[key]
+    return filled, missing
+
+
 def load_job_map(job_dir: Path, cache_dir: Path | None, data_dir: str | None = None):
     """Rebuild the job's data module and ``MAPModule`` and load its cached MAP network.
     Returns ``(cfg, datamodule, module, entry, how)``."""
@@ -226,7 +241,10 @@ def load_job_map(job_dir: Path, cache_dir: Path | None, data_dir: str | None = N
     cfg = OmegaConf.load(job_dir / "config_resolved.yaml")
     if data_dir is not None:
         cfg.paths.data_dir = cfg.data.data_dir = data_dir
-    datamodule, module = build(cfg)
+    built, filled = with_todays_root_options(cfg)
+    if filled:
+        print(f"{job_dir.name}: root options newer than the job, at today's defaults for the rebuild: {filled}")
+    datamodule, module = build(built)
     if cache_dir is None:
         cache_dir = Path(cfg.map_cache.dir)
         if not cache_dir.is_absolute():

@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 POSTHOC_ONLY_KEYS = ("curvature", "predictive", "evaluation", "marglik", "method_name", "checkpoint", "ensemble")
 POSTHOC_ONLY_SUBKEYS = {"prior": ("structure",), "data": ("test_holdout",)}
+DENY_KEYS = RUN_ONLY_KEYS + POSTHOC_ONLY_KEYS
+# group -> every key the key leaves out of it (run-only and post-hoc-only keys of one group add up)
+DENY_SUBKEYS = {group: RUN_ONLY_SUBKEYS.get(group, ()) + POSTHOC_ONLY_SUBKEYS.get(group, ())
+                for group in {**RUN_ONLY_SUBKEYS, **POSTHOC_ONLY_SUBKEYS}}
 
 
 @functools.lru_cache(maxsize=1)
@@ -81,7 +85,7 @@ def key_contents(cfg: DictConfig, datamodule: Any = None) -> dict[str, Any]:
     """What the cache key hashes (also written beside the cached network as ``<key>.json``)."""
     config = OmegaConf.to_container(cfg, resolve=True)
     config.pop("hydra", None)
-    config = strip_run_only(config, RUN_ONLY_KEYS + POSTHOC_ONLY_KEYS, {**RUN_ONLY_SUBKEYS, **POSTHOC_ONLY_SUBKEYS})
+    config = strip_run_only(config, DENY_KEYS, DENY_SUBKEYS)
     return {"config": config, "data_files": data_fingerprint(datamodule) if datamodule is not None else [],
             "code": code_fingerprint()}
 
