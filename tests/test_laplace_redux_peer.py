@@ -144,3 +144,16 @@ def test_an_older_jobs_config_gets_todays_new_root_options_for_the_rebuild_only(
     assert filled.map_loss_scale == "nll" and filled.flush_denormal is True and filled.seed == 3
     assert "map_loss_scale" not in old  # the job's own config (the cache lookup's) is untouched
     assert peer.with_todays_root_options(today)[1] == []
+
+
+def test_find_entry_takes_an_entry_of_the_older_data_fingerprint(peer, tmp_path):
+    files = [["MNIST/raw/t10k", 7, "0fa7"], ["MNIST/raw/train", 9, "ba89"]]
+    contents = {"config": {"seed": 2}, "data_files": files, "code": {"sources": "new"}}
+    older = [["/data/MNIST/raw/t10k", 7, 1795517260004897021], ["/data/MNIST/raw/train", 9, 1795517260006883688]]
+    other_size = [["/data/MNIST/raw/t10k", 8, 1], ["/data/MNIST/raw/train", 9, 1]]
+    for key, data in [("aaaa", other_size), ("bbbb", older)]:
+        _entry(tmp_path, key, contents["config"], "old")
+        meta = tmp_path / f"{key}.json"
+        meta.write_text(json.dumps({**json.loads(meta.read_text()), "data_files": data}))
+    assert peer.find_entry(contents, "ffff", tmp_path) == (tmp_path / "bbbb.pt", "config, older data fingerprint")
+    assert peer.same_data_files(files, files) == "config" and peer.same_data_files(other_size, files) is None

@@ -166,10 +166,25 @@ def _strip(config: dict) -> dict:
     return strip_run_only(config, map_cache.DENY_KEYS, map_cache.DENY_SUBKEYS)
 
 
+def same_data_files(have, want) -> str | None:
+    """How an entry's ``data_files`` match the job's ``[relative path, size, sha256]`` list:
+    ``"config"`` (equal), ``"config, older data fingerprint"`` (an entry of the older format
+    ``[absolute path, size, mtime_ns]`` with the same files, i.e. paths ending in the relative ones,
+    and sizes: the contents cannot be compared, ``check_map`` then guards the network), else ``None``."""
+    if have == want:
+        return "config"
+    older = (isinstance(have, list) and len(have) == len(want)
+             and all(isinstance(h, list) and len(h) == 3 and isinstance(h[2], int) for h in have))
+    if older and all(Path(h[0]).parts[-len(Path(w[0]).parts):] == Path(w[0]).parts and h[1] == w[1]
+                     for h, w in zip(sorted(have), sorted(want))):
+        return "config, older data fingerprint"
+    return None
+
+
 def find_entry(contents: dict, key: str, cache_dir: Path) -> tuple[Path, str]:
     """The cache entry of a job whose ``map_cache.key_contents`` are ``contents`` and key ``key``:
     ``<key>.pt`` ("exact"), else the unique ``<k>.pt`` whose ``<k>.json`` has the same
-    ``config`` and ``data_files`` ("config": the code hash may differ). Returns ``(path, how)``."""
+    ``config`` and data files (``same_data_files``; the code hash may differ). Returns ``(path, how)``."""
     exact = cache_dir / f"{key}.pt"
     if exact.exists():
         return exact, "exact"
@@ -182,16 +197,17 @@ def find_entry(contents: dict, key: str, cache_dir: Path) -> tuple[Path, str]:
             continue
         if not isinstance(have, dict) or not isinstance(have.get("config"), dict):
             continue
-        same = {"config": _strip(have["config"]), "data_files": have.get("data_files")} == want
-        if same and meta.with_suffix(".pt").exists():
-            matches.append(meta.with_suffix(".pt"))
+        if _strip(have["config"]) == want["config"] and meta.with_suffix(".pt").exists():
+            how = same_data_files(have.get("data_files"), want["data_files"])
+            if how:
+                matches.append((meta.with_suffix(".pt"), how))
     if len(matches) == 1:
-        return matches[0], "config"
+        return matches[0]
     if not matches:
         raise LookupError(f"no MAP cache entry in {cache_dir} for key {key} nor with the same training config and "
                           "data files: has this seed's MAP network finished training? (--map-cache-dir)")
     raise LookupError(f"{len(matches)} MAP cache entries in {cache_dir} have the job's training config and data files "
-                      f"(trained by different code): {[m.name for m in matches]}; point --map-cache-dir at a folder "
+                      f"(trained by different code): {[m.name for m, _ in matches]}; point --map-cache-dir at a folder "
                       "with one of them")
 
 

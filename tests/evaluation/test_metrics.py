@@ -154,3 +154,29 @@ def test_bad_shapes_raise():
         M.accuracy(torch.rand(3), torch.zeros(3))
     with pytest.raises(ValueError, match="positive"):
         M.regression_metrics(torch.zeros(2, 1), torch.zeros(2, 1), torch.zeros(2, 1))
+
+
+def test_ece_redux_leaves_out_confidences_from_0_99_and_bins_in_hundredths():
+    probs = torch.tensor([[0.995, 0.005], [0.5, 0.5], [0.7, 0.3], [0.705, 0.295], [0.2, 0.8]], dtype=torch.float64)
+    y = torch.tensor([0, 1, 1, 0, 1])
+    # kept: 0.5 (pred 0, wrong), 0.7 (wrong) and 0.705 (right) share the bin [0.70, 0.71), 0.8 (right)
+    want = (abs(0.5 - 0) + abs(0.7 + 0.705 - 1) + abs(0.8 - 1)) / 4
+    assert M.ece_redux(probs, y) == pytest.approx(want, rel=1e-12)
+    assert math.isnan(M.ece_redux(torch.tensor([[0.999, 0.001]]), torch.tensor([0])))
+
+
+def test_ece_redux_equals_numpy_digitize_over_the_first_hundred_indices():
+    """Reference: numpy's histogram edges and ``digitize`` indices, the predictions whose index is
+    below 100 (the bins a loop over range(100) visits), weights over those predictions."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(4000, 10, generator=g, dtype=torch.float64) * 4, -1)
+    y = torch.randint(0, 10, (4000,), generator=g)
+    conf, pred = probs.max(-1)
+    conf, correct = conf.numpy(), (pred == y).numpy()
+    idx = np.digitize(conf, np.histogram(conf, 100, range=(0, 1))[1])
+    kept = idx < 100
+    assert 0 < kept.sum() < len(conf)
+    gaps = [abs(conf[kept & (idx == i)].sum() - correct[kept & (idx == i)].sum()) for i in range(100)]
+    assert M.ece_redux(probs, y) == pytest.approx(sum(gaps) / kept.sum(), rel=1e-9)

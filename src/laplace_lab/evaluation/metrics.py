@@ -12,6 +12,12 @@ Conventions (all functions return Python floats unless stated):
   moved one ulp below 1, because torchmetrics would otherwise put them in an extra bin of their
   own. ``calibration_bins`` is our own binning (for reliability diagrams); the tests check that
   both agree.
+- ``ece_redux``: the ECE that the Laplace Redux authors' evaluation code computes
+  (runame/laplace-redux ``utils.get_calib`` as it runs, with its ``M = 100`` bins): its bin loop
+  never reaches the bins of confidences >= 0.99, so those predictions are left out and the
+  count-weighted mean |confidence - accuracy| is over the 99 bins below 0.99 only; NaN when no
+  prediction is below 0.99. On MNIST, where most confidences are above 0.99, it measures the
+  calibration of the least confident predictions, not the standard ECE above.
 - OOD: max-confidence is the score, in-distribution is the positive class. AUROC from
   torchmetrics; FPR at 95% TPR by hand: the threshold is the largest ``t`` with
   ``P_in(score >= t) >= 0.95``, FPR = ``P_out(score >= t)``.
@@ -100,6 +106,25 @@ def ece(probs: Tensor, y: Tensor, n_bins: int = 15) -> float:
 
 def mce(probs: Tensor, y: Tensor, n_bins: int = 15) -> float:
     return calibration_error(probs, y, n_bins, "max")
+
+
+REDUX_ECE_BINS = 100  # utils.get_calib's M
+
+
+def ece_redux(probs: Tensor, y: Tensor) -> float:
+    """The Laplace Redux code's ECE (module docstring): equal-width bins of width 1/100 over the
+    top-label confidence, predictions with confidence >= 0.99 left out, bins weighted by their
+    share of the predictions kept."""
+    _check(probs, y)
+    conf, pred = probs.detach().double().max(-1)
+    kept = conf < (REDUX_ECE_BINS - 1) / REDUX_ECE_BINS
+    if not kept.any():
+        return math.nan
+    conf, correct = conf[kept], (pred[kept] == y[kept]).double()
+    idx = (conf * REDUX_ECE_BINS).floor().long().clamp(0, REDUX_ECE_BINS - 2)
+    count = torch.zeros(REDUX_ECE_BINS - 1, dtype=torch.float64).index_add_(0, idx, torch.ones_like(conf))
+    gap = (torch.zeros_like(count).index_add_(0, idx, conf) - torch.zeros_like(count).index_add_(0, idx, correct)).abs()
+    return (gap.sum() / count.sum()).item()
 
 
 def calibration_bins(probs: Tensor, y: Tensor, n_bins: int = 15) -> dict[str, Tensor]:

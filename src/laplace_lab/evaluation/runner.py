@@ -183,7 +183,7 @@ def _classification(ctx: _Context, test_loader, ood_loaders, attack_model, datas
     n_classes = next(iter(probs.values())).shape[1]
     bins, ece = [], {}
     for name, p in probs.items():
-        m = M.classification_metrics(p, y, cfg.n_bins)
+        m = {**M.classification_metrics(p, y, cfg.n_bins), "ece_redux": M.ece_redux(p, y)}
         ece[name] = m["ece"]
         rep.add_metrics(_prefixed("test", None, name, m))
         b = M.calibration_bins(p, y, cfg.n_bins)
