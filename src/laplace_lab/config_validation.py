@@ -15,6 +15,10 @@ from laplace_lab.laplace.predictive import check_nn_link
 from laplace_lab.laplace.spec import LaplaceSpec, hessian_structures, structure_class
 from laplace_lab.training.module import check_loss_scale
 
+# data modules whose validation rows are held out of the training set, and the option that holds
+# them out (map_grid_refit gives them back by setting it to 0); the toy sets draw theirs apart
+HELD_OUT_VALIDATION = {"laplace_lab.data.UCIDataModule": "val_fraction", "laplace_lab.data.VisionDataModule": "n_val"}
+
 LIKELIHOOD_CHOICES = ("auto", *Likelihood.values())
 MARGLIK_MODES = ("off", "online", "posthoc")
 POSTHOC_PRIOR = ("none", "marglik", "gridsearch")
@@ -61,6 +65,13 @@ def validate_config(cfg: DictConfig) -> None:
     )
     _require(not (grid and cfg.marglik.mode == "online"),
              "map_grid needs marglik.mode in ['off', 'posthoc'] (online marglik learns the prior precision)")
+    refit = cfg.get("map_grid_refit", False)
+    _require(isinstance(refit, bool), f"map_grid_refit must be true or false; got {refit!r}")
+    _require(not refit or grid, "map_grid_refit=true needs a map_grid (a list of prior precisions); got map_grid=null")
+    target = cfg.data.get("_target_")
+    _require(not refit or target in HELD_OUT_VALIDATION,
+             f"map_grid_refit=true needs data whose validation rows are held out of the training set "
+             f"(allowed: {sorted(HELD_OUT_VALIDATION)}); data {target!r} draws its validation set apart")
     in_loss = cfg.get("prior_in_map_loss", True)
     _require(isinstance(in_loss, bool), f"prior_in_map_loss must be true or false; got {in_loss!r}")
     _require(in_loss or (cfg.marglik.mode != "online" and not grid),

@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
-from laplace_lab.config_validation import validate_config
+from laplace_lab.config_validation import HELD_OUT_VALIDATION, validate_config
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.evaluation.config import validate_config as validate_evaluation_config
 from laplace_lab.run_loggers import build_loggers, finish_loggers
@@ -282,23 +282,39 @@ def validation_nll(module: MAPCore, datamodule: LabDataModule) -> float:
     return total / n
 
 
-def validation_rmse(module: MAPCore, datamodule: LabDataModule) -> float:
-    """Root mean squared error of the MAP network on the validation set (standardised units)."""
+def loader_rmse(module: MAPCore, loader) -> float:
+    """Root mean squared error of the MAP network over ``loader``'s rows (standardised units)."""
     module.eval()
     with torch.no_grad():
-        err = [(module(x) - y.reshape(len(y), -1)).pow(2) for x, y in datamodule.val_dataloader()]
+        err = [(module(x) - y.reshape(len(y), -1)).pow(2) for x, y in loader]
     return float(torch.cat(err).mean().sqrt())
+
+
+def refit_config(cfg: DictConfig, delta: float) -> DictConfig:
+    """The config of ``map_grid_refit``'s last training: prior precision ``delta``, no grid, and the
+    validation rows given back to training (``data.val_fraction`` or ``data.n_val`` set to 0, see
+    ``HELD_OUT_VALIDATION``)."""
+    refit = cfg.copy()
+    refit.prior.prior_precision = float(delta)
+    refit.map_grid, refit.map_grid_refit = None, False
+    refit.data[HELD_OUT_VALIDATION[refit.data._target_]] = 0
+    return refit
 
 
 def train_map_grid(cfg: DictConfig, output_dir: Path, loggers, loop: str | None = None):
     """MAP with its prior precision (the weight decay, ``delta = weight_decay * N``) chosen from
-    ``map_grid`` by the validation NLL; each grid point is trained from the same seed. For
-    regression the chosen network's noise std is then set to its validation RMSE."""
+    ``map_grid`` by the validation NLL; each grid point is trained from the same seed.
+
+    ``map_grid_refit=false``: the chosen grid network is the MAP; for regression its noise std is
+    its validation RMSE. ``map_grid_refit=true`` (the heteroscedastic-nn authors' MAP-CV): the MAP
+    is trained once more, from the same seed, with the chosen delta on all training rows
+    (validation rows included); for regression its noise std is its training RMSE (the maximum-
+    likelihood noise given the network). ``val/nll`` is the chosen grid point's either way."""
     best, grid_metrics, total_time = None, {}, 0.0
     for delta in cfg.map_grid:
         point = cfg.copy()
         point.prior.prior_precision = float(delta)
-        point.map_grid = None
+        point.map_grid, point.map_grid_refit = None, False  # one training: shares the MAP cache with plain runs
         datamodule, module, trainer, metrics = train_map(point, output_dir / f"grid_{delta:g}", loggers=[], loop=loop)
         metrics["val/nll"] = validation_nll(module, datamodule)
         grid_metrics[f"grid/prior_{delta:g}/val_nll"] = metrics["val/nll"]
@@ -306,9 +322,18 @@ def train_map_grid(cfg: DictConfig, output_dir: Path, loggers, loop: str | None 
         if best is None or metrics["val/nll"] < best[3]["val/nll"]:
             best = (datamodule, module, trainer, metrics)
     datamodule, module, trainer, metrics = best
-    if module.likelihood == "regression":  # the noise std of the chosen network: its validation RMSE
-        module.set_sigma_noise(validation_rmse(module, datamodule))
-    metrics = {**metrics, **grid_metrics, "time/fit_s": total_time,
+    val_nll = metrics["val/nll"]
+    if cfg.get("map_grid_refit", False):
+        delta = float(module.prior_precision.mean())
+        datamodule, module, trainer, metrics = train_map(refit_config(cfg, delta), output_dir / "refit",
+                                                         loggers=loggers, loop=loop)
+        total_time += metrics["time/fit_s"]
+        noise_rows = datamodule.train_eval_dataloader()
+    else:
+        noise_rows = datamodule.val_dataloader()
+    if module.likelihood == "regression":
+        module.set_sigma_noise(loader_rmse(module, noise_rows))
+    metrics = {**metrics, **grid_metrics, "val/nll": val_nll, "time/fit_s": total_time,
                "hparams/prior_precision": float(module.prior_precision.mean())}
     return datamodule, module, trainer, metrics
 

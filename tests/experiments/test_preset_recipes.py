@@ -44,6 +44,8 @@ def test_immer2021_uci_grid_and_validation_split_only_for_map_grid():
     grid = resolved(["experiment=immer2021_uci", "method=map_grid"])
     assert grid.data.val_fraction == 0.1
     assert list(grid.map_grid) == [10.0 ** k for k in range(-4, 5)]
+    # the authors' MAP-CV retrains the chosen value on all training rows; online marglik has no grid
+    assert grid.map_grid_refit is True and online.map_grid_refit is False
     # a grid point (train.py sets map_grid=None on a copy) keeps its validation split
     point = compose_config(["experiment=immer2021_uci", "method=map_grid"]).copy()
     point.map_grid = None

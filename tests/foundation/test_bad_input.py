@@ -66,11 +66,21 @@ def test_uci_split_out_of_range(tmp_path, data_dir, no_training):
         ("curvature.type=hessian", r"curvature.type=.hessian.*allowed"),
         ("model.activation=swish9", r"model.activation='swish9'.*allowed"),
         ("prior_in_map_loss=maybe", r"prior_in_map_loss must be true or false"),
+        ("map_grid_refit=maybe", r"map_grid_refit must be true or false; got 'maybe'"),
+        ("map_grid_refit=true", r"map_grid_refit=true needs a map_grid .*got map_grid=null"),
     ],
 )
 def test_invalid_values(override, pattern, tmp_path, no_training):
     with pytest.raises(ValueError, match=pattern):
         run(compose_config([override, "logger=csv"]), tmp_path)
+
+
+def test_map_grid_refit_needs_validation_rows_held_out_of_training(tmp_path, no_training):
+    cfg = compose_config(["data=sinusoid", "map_grid=[1.0,10.0]", "map_grid_refit=true", "logger=csv"])
+    with pytest.raises(ValueError, match=r"map_grid_refit=true needs data whose validation rows are held out of the "
+                                         r"training set \(allowed: \['laplace_lab.data.UCIDataModule', "
+                                         r"'laplace_lab.data.VisionDataModule'\]\); data 'laplace_lab.data.SinusoidDataModule'"):
+        run(cfg, tmp_path)
 
 
 @pytest.mark.parametrize("extra", [["method=online_full"], ["method=map_grid"]])

@@ -96,6 +96,62 @@ def test_map_grid_picks_the_best_validation_nll(tmp_path):
     assert metrics["val/nll"] == pytest.approx(min(grid.values()))
 
 
+def _refit_matches_plain_run(base, held_out, tmp_path):
+    """Grid with refit, then a plain run with the chosen prior precision and ``held_out``=0 (same
+    seed): the two MAP networks must be equal. Returns (refit datamodule, module, plain datamodule)."""
+    import torch
+
+    from laplace_lab.train import train_map, train_map_grid
+
+    cfg = compose_config(base + ["map_grid=[0.01,100.0]", "map_grid_refit=true"])
+    datamodule, module, _, metrics = train_map_grid(cfg, tmp_path / "grid", loggers=[])
+    chosen = metrics["hparams/prior_precision"]
+    grid = {0.01: metrics["grid/prior_0.01/val_nll"], 100.0: metrics["grid/prior_100/val_nll"]}
+    assert chosen == pytest.approx(min(grid, key=grid.get)) and metrics["val/nll"] == pytest.approx(min(grid.values()))
+    plain_dm, plain, _, _ = train_map(compose_config(base + [f"prior.prior_precision={chosen}", f"{held_out}=0"]),
+                                      tmp_path / "plain", loggers=[])
+    assert len(datamodule.train_set) == len(plain_dm.train_set)
+    for a, b in zip(module.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    return datamodule, module, plain_dm
+
+
+def test_map_grid_refit_retrains_the_chosen_value_on_all_training_images(tmp_path):
+    base = ["data=fake_data", "model=lenet", "trainer.max_epochs=2", "logger=csv", "trainer.enable_progress_bar=false",
+            "evaluation=none", "marglik=off", "predictive=map"]
+    datamodule, _, _ = _refit_matches_plain_run(base, "data.n_val", tmp_path)
+    assert len(datamodule.train_set) == 128  # the 32 validation images are back in training
+
+
+def test_map_grid_refit_regression_sigma_is_the_training_rmse(tmp_path, data_dir):
+    import torch
+
+    base = ["data=uci", "data.name=yacht", f"paths.data_dir={data_dir}", "model=mlp", "model.widths=[20]",
+            "trainer.max_epochs=30", "logger=csv", "trainer.enable_progress_bar=false", "evaluation=none",
+            "marglik=off", "predictive=map"]
+    datamodule, module, _ = _refit_matches_plain_run(base, "data.val_fraction", tmp_path)
+    x, y = next(iter(datamodule.train_eval_dataloader(batch_size=10_000)))
+    assert len(x) == len(datamodule.train_set) == 277  # yacht split 0: 90 % of 308 rows, none held out
+    with torch.no_grad():
+        rmse = (module(x) - y.reshape(len(y), -1)).pow(2).mean().sqrt()
+    assert float(module.sigma_noise) == pytest.approx(float(rmse), rel=1e-6)
+
+
+def test_map_grid_without_refit_keeps_the_grid_network_and_its_validation_rmse(tmp_path):
+    import torch
+
+    from laplace_lab.train import train_map_grid
+
+    cfg = compose_config(["data=sinusoid", "model=mlp", "model.widths=[20]", "trainer.max_epochs=30", "logger=csv",
+                          "trainer.enable_progress_bar=false", "evaluation=none", "marglik=off", "predictive=map",
+                          "map_grid=[0.01,100.0]"])
+    datamodule, module, _, _ = train_map_grid(cfg, tmp_path, loggers=[])
+    x, y = next(iter(datamodule.val_dataloader()))
+    with torch.no_grad():
+        rmse = (module(x) - y.reshape(len(y), -1)).pow(2).mean().sqrt()
+    assert float(module.sigma_noise) == pytest.approx(float(rmse), rel=1e-6)
+
+
 def test_map_cache_key_is_the_whole_config_less_run_only_keys():
     from laplace_lab.training import map_cache
 
