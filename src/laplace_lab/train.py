@@ -290,13 +290,20 @@ def loader_rmse(module: MAPCore, loader) -> float:
     return float(torch.cat(err).mean().sqrt())
 
 
+def grid_point_config(cfg: DictConfig, delta: float) -> DictConfig:
+    """The config of one training of ``map_grid``: prior precision ``delta``, no grid (so it shares
+    the MAP cache with a plain run of that prior precision)."""
+    point = cfg.copy()
+    point.prior.prior_precision = float(delta)
+    point.map_grid, point.map_grid_refit = None, False
+    return point
+
+
 def refit_config(cfg: DictConfig, delta: float) -> DictConfig:
-    """The config of ``map_grid_refit``'s last training: prior precision ``delta``, no grid, and the
+    """The config of ``map_grid_refit``'s last training: a grid point of ``delta`` with the
     validation rows given back to training (``data.val_fraction`` or ``data.n_val`` set to 0, see
     ``HELD_OUT_VALIDATION``)."""
-    refit = cfg.copy()
-    refit.prior.prior_precision = float(delta)
-    refit.map_grid, refit.map_grid_refit = None, False
+    refit = grid_point_config(cfg, delta)
     refit.data[HELD_OUT_VALIDATION[refit.data._target_]] = 0
     return refit
 
@@ -312,10 +319,8 @@ def train_map_grid(cfg: DictConfig, output_dir: Path, loggers, loop: str | None 
     likelihood noise given the network). ``val/nll`` is the chosen grid point's either way."""
     best, grid_metrics, total_time = None, {}, 0.0
     for delta in cfg.map_grid:
-        point = cfg.copy()
-        point.prior.prior_precision = float(delta)
-        point.map_grid, point.map_grid_refit = None, False  # one training: shares the MAP cache with plain runs
-        datamodule, module, trainer, metrics = train_map(point, output_dir / f"grid_{delta:g}", loggers=[], loop=loop)
+        datamodule, module, trainer, metrics = train_map(grid_point_config(cfg, delta), output_dir / f"grid_{delta:g}",
+                                                         loggers=[], loop=loop)
         metrics["val/nll"] = validation_nll(module, datamodule)
         grid_metrics[f"grid/prior_{delta:g}/val_nll"] = metrics["val/nll"]
         total_time += metrics["time/fit_s"]
