@@ -324,13 +324,12 @@ def train_map_grid(cfg: DictConfig, output_dir: Path, loggers, loop: str | None 
         metrics["val/nll"] = validation_nll(module, datamodule)
         grid_metrics[f"grid/prior_{delta:g}/val_nll"] = metrics["val/nll"]
         total_time += metrics["time/fit_s"]
-        if best is None or metrics["val/nll"] < best[3]["val/nll"]:
-            best = (datamodule, module, trainer, metrics)
-    datamodule, module, trainer, metrics = best
+        if best is None or metrics["val/nll"] < best[4]["val/nll"]:
+            best = (delta, datamodule, module, trainer, metrics)
+    best_delta, datamodule, module, trainer, metrics = best
     val_nll = metrics["val/nll"]
-    if cfg.get("map_grid_refit", False):
-        delta = float(module.prior_precision.mean())
-        datamodule, module, trainer, metrics = train_map(refit_config(cfg, delta), output_dir / "refit",
+    if cfg.get("map_grid_refit", False):  # the grid's own value, not the module's float32 copy of it
+        datamodule, module, trainer, metrics = train_map(refit_config(cfg, best_delta), output_dir / "refit",
                                                          loggers=loggers, loop=loop)
         total_time += metrics["time/fit_s"]
         noise_rows = datamodule.train_eval_dataloader()
