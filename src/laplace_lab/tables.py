@@ -354,12 +354,14 @@ def provenance(runs: list[Run], sweep_dirs: list[Path], seed_keys: tuple[str, ..
     hardware_source = "recorded by the jobs"
     if not hw:
         hw, hardware_source = {json.dumps(hardware(), sort_keys=True)}, "of the aggregating machine; the runs record none"
-    walls = [(float(r.status["wall_s"]), "job") if r.status.get("wall_s") is not None
-             else (r.metrics.get("time/fit_s", math.nan), "fit") for r in runs]
+    walls = [job_seconds(r) for r in runs]
     sources = {s for _, s in walls}
     wall_source = ("per-job wall clock of run() from status.json: training + evaluation" if sources == {"job"}
                    else "per-job time/fit_s from metrics.json (training only)" if sources == {"fit"}
                    else "status.json wall clock where recorded, else time/fit_s (training only)")
+    if any("checkpoint/resumed_fit_s" in r.metrics for r in runs):
+        wall_source += ("; a job resumed from a checkpoint (checkpoint.resume_from=last) adds the training "
+                        "seconds of its earlier launches (checkpoint/resumed_fit_s)")
     seeds = {k: sorted({r.value(k) for r in runs if r.value(k) != MISSING}, key=_natural) for k in seed_keys}
     finite = [w for w, _ in walls if math.isfinite(w)]
     return {
@@ -372,6 +374,16 @@ def provenance(runs: list[Run], sweep_dirs: list[Path], seed_keys: tuple[str, ..
         "sweep_dirs": [portable_path(d, here) for d in sweep_dirs], "n_runs": len(runs),
         "generated": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }
+
+
+def job_seconds(run: Run) -> tuple[float, str]:
+    """(seconds, source) of one job: the wall clock of its last launch from status.json (source
+    ``job``), else its training time (``fit``); plus, for a job resumed from a checkpoint, the
+    training seconds of the launches before it (``checkpoint/resumed_fit_s``)."""
+    earlier = float(run.metrics.get("checkpoint/resumed_fit_s", 0.0))
+    if run.status.get("wall_s") is not None:
+        return float(run.status["wall_s"]) + earlier, "job"
+    return run.metrics.get("time/fit_s", math.nan), "fit"  # (time/fit_s already counts the earlier launches)
 
 
 def _natural(text: str) -> tuple:
@@ -487,7 +499,7 @@ def jobs_csv(name: str, runs: list[Run], group_by: list[str], metrics: list[str]
         git = run.status.get("git") or {}
         overrides = " ".join(portable_command(f"{k}={v}", here) for k, v in run.overrides.items())
         writer.writerow([_relative(run.path, sweep_dirs), *(run.value(k) for k in group_by), overrides,
-                         run_commit(run), git.get("dirty", ""), run.status.get("wall_s", ""),
+                         run_commit(run), git.get("dirty", ""), job_seconds(run)[0] if run.status.get("wall_s") is not None else "",
                          *(repr(run.metrics[m]) if m in run.metrics else "" for m in metrics)])
     return buf.getvalue()
 

@@ -36,7 +36,14 @@ from laplace_lab.training.online_marglik import OnlineMarglikCore
 from laplace_lab.training.plain_loop import PlainTrainer, resolve_device, seed_everything
 from laplace_lab.training.posthoc import fit_posthoc_laplace, laplace_kwargs, needs_posthoc_laplace
 from laplace_lab.training.predictors import laplace_predictor, map_predictor
-from laplace_lab.training.resume import check_resume, run_identity
+from laplace_lab.training.resume import (
+    check_resume,
+    checkpoint_dir,
+    resume_path,
+    run_fingerprint,
+    run_identity,
+    validate_checkpoint_config,
+)
 
 log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -144,14 +151,25 @@ def build_callbacks(cfg: DictConfig, output_dir: Path, loop: str = "lightning") 
             cfg.curvature.subset_of_weights == "all",
         ))
     if cfg.checkpoint.enabled:  # last.ckpt, plus the best by checkpoint.monitor if set
-        import pytorch_lightning as pl
+        callbacks += checkpoint_callbacks(cfg, output_dir)
+    return callbacks
 
-        monitor = cfg.checkpoint.get("monitor")
+
+def checkpoint_callbacks(cfg: DictConfig, output_dir: Path) -> list:
+    """``last.ckpt`` rewritten every ``checkpoint.every_n_epochs`` epochs, and with
+    ``checkpoint.monitor`` the best checkpoint by it (``best-epoch<N>.ckpt``). Two callbacks:
+    Lightning's own ``save_last`` (2.6) rewrites last.ckpt only in an epoch that also saved a
+    top-k checkpoint, i.e. never without a monitor (only at the end of training) and only on
+    improvement with one, which would leave a cut-off run nothing recent to resume."""
+    import pytorch_lightning as pl
+
+    dirpath, every = str(checkpoint_dir(cfg, output_dir)), cfg.checkpoint.every_n_epochs
+    callbacks = [pl.callbacks.ModelCheckpoint(dirpath=dirpath, filename="last", every_n_epochs=every, save_top_k=1,
+                                              monitor=None, enable_version_counter=False)]
+    if cfg.checkpoint.get("monitor"):
         callbacks.append(pl.callbacks.ModelCheckpoint(
-            dirpath=cfg.checkpoint.dirpath or str(output_dir / "checkpoints"), every_n_epochs=cfg.checkpoint.every_n_epochs,
-            save_last=True, save_top_k=1 if monitor else 0, monitor=monitor, mode=cfg.checkpoint.get("mode", "min"),
-            filename="best-epoch{epoch}", auto_insert_metric_name=False,
-        ))
+            dirpath=dirpath, every_n_epochs=every, save_top_k=1, monitor=cfg.checkpoint.monitor,
+            mode=cfg.checkpoint.get("mode", "min"), filename="best-epoch{epoch}", auto_insert_metric_name=False))
     return callbacks
 
 
@@ -214,10 +232,13 @@ def train_map(cfg: DictConfig, output_dir: Path, loggers, loop: str | None = Non
         pl.seed_everything(cfg.seed, workers=True)
     else:
         seed_everything(cfg.seed)
-    if cfg.checkpoint.resume_from:
-        check_resume(cfg, cfg.checkpoint.resume_from)
+    resume = resume_path(cfg, output_dir)
+    if resume:
+        check_resume(cfg, resume)
     datamodule, module = build(cfg, loop)
     module.run_identity = run_identity(cfg)
+    if cfg.checkpoint.enabled:
+        module.run_fingerprint = run_fingerprint(cfg)
     callbacks = build_callbacks(cfg, output_dir, loop)
     trainer = make_trainer(cfg, output_dir, loggers, callbacks, loop)
     start = time.perf_counter()
@@ -226,12 +247,16 @@ def train_map(cfg: DictConfig, output_dir: Path, loggers, loop: str | None = Non
         datamodule.setup("fit")
         metrics = {"time/fit_s": 0.0, "map_cache/hit": 1.0}
     else:
+        module.fit_clock_start = start
         if loop == "plain":  # (a run resuming from a checkpoint is never plain: loop_choice)
             trainer.fit(module, datamodule)
         else:
-            trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.checkpoint.resume_from)
+            trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
         map_cache.save(module, cached, map_cache.key_contents(cfg, datamodule) if cached else None)
-        metrics = {"time/fit_s": time.perf_counter() - start}
+        # with a resumed checkpoint: the earlier launches' training time up to it, plus this launch's
+        metrics = {"time/fit_s": module.fit_seconds()}
+        if resume:
+            metrics["checkpoint/resumed_fit_s"] = module.fit_seconds_before
     if "val/nll" in trainer.callback_metrics:
         metrics["val/nll"] = float(trainer.callback_metrics["val/nll"])
     for cb in callbacks:  # final augmentation ranges (AugmentationMarglik)
@@ -290,20 +315,24 @@ def loader_rmse(module: MAPCore, loader) -> float:
     return float(torch.cat(err).mean().sqrt())
 
 
-def grid_point_config(cfg: DictConfig, delta: float) -> DictConfig:
-    """The config of one training of ``map_grid``: prior precision ``delta``, no grid (so it shares
-    the MAP cache with a plain run of that prior precision)."""
+def grid_point_config(cfg: DictConfig, delta: float, name: str | None = None) -> DictConfig:
+    """The config of one training of ``map_grid``, named ``name`` (default ``grid_<delta>``): prior
+    precision ``delta``, no grid (so it shares the MAP cache with a plain run of that prior
+    precision), and an explicit ``checkpoint.dirpath`` narrowed to ``<dirpath>/<name>`` so that
+    the grid's trainings neither overwrite nor resume each other's checkpoints."""
     point = cfg.copy()
     point.prior.prior_precision = float(delta)
     point.map_grid, point.map_grid_refit = None, False
+    if point.checkpoint.get("dirpath"):
+        point.checkpoint.dirpath = str(Path(point.checkpoint.dirpath) / (name or f"grid_{delta:g}"))
     return point
 
 
 def refit_config(cfg: DictConfig, delta: float) -> DictConfig:
-    """The config of ``map_grid_refit``'s last training: a grid point of ``delta`` with the
-    validation rows given back to training (``data.val_fraction`` or ``data.n_val`` set to 0, see
-    ``HELD_OUT_VALIDATION``)."""
-    refit = grid_point_config(cfg, delta)
+    """The config of ``map_grid_refit``'s last training (named ``refit``): a grid point of ``delta``
+    with the validation rows given back to training (``data.val_fraction`` or ``data.n_val`` set
+    to 0, see ``HELD_OUT_VALIDATION``)."""
+    refit = grid_point_config(cfg, delta, name="refit")
     refit.data[HELD_OUT_VALIDATION[refit.data._target_]] = 0
     return refit
 
@@ -317,13 +346,14 @@ def train_map_grid(cfg: DictConfig, output_dir: Path, loggers, loop: str | None 
     is trained once more, from the same seed, with the chosen delta on all training rows
     (validation rows included); for regression its noise std is its training RMSE (the maximum-
     likelihood noise given the network). ``val/nll`` is the chosen grid point's either way."""
-    best, grid_metrics, total_time = None, {}, 0.0
+    best, grid_metrics, total_time, resumed = None, {}, 0.0, 0.0
     for delta in cfg.map_grid:
         datamodule, module, trainer, metrics = train_map(grid_point_config(cfg, delta), output_dir / f"grid_{delta:g}",
                                                          loggers=[], loop=loop)
         metrics["val/nll"] = validation_nll(module, datamodule)
         grid_metrics[f"grid/prior_{delta:g}/val_nll"] = metrics["val/nll"]
         total_time += metrics["time/fit_s"]
+        resumed += metrics.get("checkpoint/resumed_fit_s", 0.0)
         if best is None or metrics["val/nll"] < best[4]["val/nll"]:
             best = (delta, datamodule, module, trainer, metrics)
     best_delta, datamodule, module, trainer, metrics = best
@@ -332,6 +362,7 @@ def train_map_grid(cfg: DictConfig, output_dir: Path, loggers, loop: str | None 
         datamodule, module, trainer, metrics = train_map(refit_config(cfg, best_delta), output_dir / "refit",
                                                          loggers=loggers, loop=loop)
         total_time += metrics["time/fit_s"]
+        resumed += metrics.get("checkpoint/resumed_fit_s", 0.0)
         noise_rows = datamodule.train_eval_dataloader()
     else:
         noise_rows = datamodule.val_dataloader()
@@ -339,6 +370,9 @@ def train_map_grid(cfg: DictConfig, output_dir: Path, loggers, loop: str | None 
         module.set_sigma_noise(loader_rmse(module, noise_rows))
     metrics = {**metrics, **grid_metrics, "val/nll": val_nll, "time/fit_s": total_time,
                "hparams/prior_precision": float(module.prior_precision.mean())}
+    metrics.pop("checkpoint/resumed_fit_s", None)
+    if resumed:  # every training's seconds before the checkpoints it resumed
+        metrics["checkpoint/resumed_fit_s"] = resumed
     return datamodule, module, trainer, metrics
 
 
@@ -373,6 +407,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
             validate_augmentation_config(cfg)
         validate_evaluation_config(cfg.evaluation)
         ensemble.validate_ensemble_config(cfg)
+        validate_checkpoint_config(cfg)
         check_accelerator(cfg.trainer)
         loop = loop_choice.choose_loop(cfg)
     output_dir.mkdir(parents=True, exist_ok=True)

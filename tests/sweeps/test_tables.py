@@ -347,6 +347,20 @@ def test_jobs_csv_has_one_row_per_job(sweep, tmp_path):
         assert row["test/la/nll"] == (repr(metrics["test/la/nll"]) if "test/la/nll" in metrics else "")
 
 
+def test_a_resumed_job_counts_its_earlier_launches(sweep, tmp_path):
+    """A job resumed from a checkpoint (checkpoint.resume_from=last): its wall time is its last
+    launch's plus the training seconds before the checkpoint (checkpoint/resumed_fit_s)."""
+    job = next(p for p in sorted(sweep.iterdir()) if (p / "metrics.json").is_file()
+               and json.loads((p / "status.json").read_text())["state"] == "finished")
+    metrics = json.loads((job / "metrics.json").read_text())
+    (job / "metrics.json").write_text(json.dumps({**metrics, "checkpoint/resumed_fit_s": 1000.0}))
+    wall = json.loads((job / "status.json").read_text())["wall_s"]
+    md, *_, jobs_path = tables.aggregate([sweep], "toy", metrics=["test/map/acc"], results_dir=tmp_path / "r")
+    row = next(r for r in read_csv(jobs_path) if sweep / Path(r["job"]).relative_to("multirun") == job)
+    assert float(row["wall_s"]) == wall + 1000.0
+    assert "checkpoint/resumed_fit_s" in md.read_text()
+
+
 def test_tables_go_to_the_sweep_folder_and_results_only_with_commit_results(sweep, tmp_path, repo):
     paths = tables.aggregate([sweep], "toy", metrics=["test/map/acc"])
     assert [p.parent for p in paths] == [sweep] * 3

@@ -29,6 +29,7 @@ moves (measured on UCI: experiments/immer2021/README.md).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
 import torch
@@ -40,6 +41,11 @@ from laplace_lab.training.nll import LIKELIHOODS, natural_to_mean_var, summed_nl
 from laplace_lab.training.schedules import scheduler_interval
 
 RUN_IDENTITY_KEY = "laplace_lab_run_identity"
+# seconds of training before (and including) the epoch a checkpoint saves, summed over the launches
+# that resumed one another (``time/fit_s`` of a resumed run counts them all)
+FIT_SECONDS_KEY = "laplace_lab_fit_seconds"
+# the config and code hashes of the run that wrote a checkpoint (what resume_from=last must match)
+RUN_FINGERPRINT_KEY = "laplace_lab_run_fingerprint"
 LOSS_SCALES = ("nll", "mse")
 
 
@@ -109,6 +115,11 @@ class MAPCore(nn.Module):
         # What a resumed run must share with this one (seed, data, model); set by train.py and
         # saved in every checkpoint under RUN_IDENTITY_KEY.
         self.run_identity: dict | None = None
+        self.run_fingerprint: dict | None = None  # saved under RUN_FINGERPRINT_KEY (training.resume)
+        # Training time of earlier launches (read from the checkpoint this run resumed) and the
+        # perf_counter at which this launch's training started (set by train.py).
+        self.fit_seconds_before = 0.0
+        self.fit_clock_start: float | None = None
         self.model = model
         self.likelihood = likelihood
         self.n_data = n_data
@@ -252,9 +263,20 @@ class MAPCore(nn.Module):
     def test_step(self, batch, batch_idx):
         self._eval_step(batch, "test")
 
+    def fit_seconds(self) -> float:
+        """Training seconds so far: earlier launches' (from the resumed checkpoint) plus this one's."""
+        now = 0.0 if self.fit_clock_start is None else time.perf_counter() - self.fit_clock_start
+        return self.fit_seconds_before + now
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         if self.run_identity is not None:
             checkpoint[RUN_IDENTITY_KEY] = self.run_identity
+        if self.run_fingerprint is not None:
+            checkpoint[RUN_FINGERPRINT_KEY] = self.run_fingerprint
+        checkpoint[FIT_SECONDS_KEY] = self.fit_seconds()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.fit_seconds_before = float(checkpoint.get(FIT_SECONDS_KEY, 0.0))
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(self.model.parameters())

@@ -1,4 +1,16 @@
-"""Resume checks: a checkpoint may only continue the run that wrote it.
+"""Resuming from checkpoints: which checkpoint a run resumes, and that it may.
+
+``checkpoint.resume_from`` is null (start afresh), a ``.ckpt`` path, or ``last``: the run's own
+``last.ckpt`` (``<checkpoint.dirpath or the run dir/checkpoints>/last.ckpt``; for ``map_grid``
+each grid point's own) when it exists, else a fresh start. With ``checkpoint.enabled=true`` a
+multirun job cut off mid-training (a session's end, a killed process) then continues from its
+last saved epoch when the same launch command runs again (``resume_path``).
+
+A path starts a new run from the checkpoint: it must share the seed, data and model
+(``run_identity``); other options (more epochs, another learning rate) may change. ``last``
+continues the same run: the checkpoint must also carry this run's config hash (less run-only
+keys) and code hash (``run_fingerprint``), so a resumed run is one config on one version of the
+code, and the commit its job records describes all of its training.
 
 ``run_identity(cfg)`` is what a resumed run must share with the checkpoint's run: the seed, the
 data config (name, split, sizes, ...; not where the files live) and the model config. train.py
@@ -10,6 +22,7 @@ into training) fails with the differing options named.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +30,46 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from laplace_lab.sweeps.run_only import RUN_ONLY_SUBKEYS
-from laplace_lab.training.module import RUN_IDENTITY_KEY
+from laplace_lab.sweeps.status import config_fingerprint
+from laplace_lab.training.map_cache import code_fingerprint
+from laplace_lab.training.module import RUN_FINGERPRINT_KEY, RUN_IDENTITY_KEY
+
+log = logging.getLogger(__name__)
+LAST = "last"  # checkpoint.resume_from=last: the run's own last.ckpt, if any
+
+
+def checkpoint_dir(cfg: DictConfig, output_dir: Path) -> Path:
+    """Where the run at ``output_dir`` writes its checkpoints."""
+    return Path(cfg.checkpoint.dirpath) if cfg.checkpoint.get("dirpath") else Path(output_dir) / "checkpoints"
+
+
+def validate_checkpoint_config(cfg: DictConfig) -> None:
+    """``resume_from=last`` needs ``checkpoint.enabled=true`` (nothing would write the file it
+    resumes); a ``map_grid`` run trains one network per grid point, so one checkpoint path
+    cannot resume it (``last`` resumes each grid point from its own)."""
+    resume = cfg.checkpoint.get("resume_from")
+    if resume == LAST and not cfg.checkpoint.get("enabled"):
+        raise ValueError("checkpoint.resume_from=last resumes the run's own last.ckpt, which only "
+                         "checkpoint.enabled=true writes; set checkpoint.enabled=true, or resume_from to null or a .ckpt path")
+    if resume and resume != LAST and cfg.get("map_grid"):
+        raise ValueError(f"checkpoint.resume_from={str(resume)!r} with map_grid: each grid point trains its own "
+                         "network, so one checkpoint cannot resume them; allowed: checkpoint.resume_from=last "
+                         "(each grid point from its own last.ckpt) or null")
+
+
+def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
+    """The checkpoint the run at ``output_dir`` resumes (None: it starts afresh); see the module doc."""
+    resume = cfg.checkpoint.get("resume_from")
+    if not resume:
+        return None
+    if resume != LAST:
+        return str(resume)
+    path = checkpoint_dir(cfg, output_dir) / "last.ckpt"
+    if not path.exists():
+        log.info("checkpoint.resume_from=last: no %s yet, training from the start", path)
+        return None
+    log.info("checkpoint.resume_from=last: resuming from %s", path)
+    return str(path)
 
 
 def run_identity(cfg: DictConfig) -> dict[str, Any]:
@@ -26,6 +78,12 @@ def run_identity(cfg: DictConfig) -> dict[str, Any]:
     data = {k: v for k, v in data.items() if k not in RUN_ONLY_SUBKEYS.get("data", ())}
     return json.loads(json.dumps({"seed": cfg.seed, "data": data,
                                   "model": OmegaConf.to_container(cfg.model, resolve=True)}, default=str))
+
+
+def run_fingerprint(cfg: DictConfig) -> dict[str, Any]:
+    """``{"config", "code"}``: the config hash less run-only keys and the package's code hash."""
+    code = {k: str(v) for k, v in code_fingerprint().items()}  # plain str: torch.__version__ is a str subclass
+    return {"config": config_fingerprint(cfg), "code": code}
 
 
 def _differences(saved: Any, current: Any, prefix: str) -> list[str]:
@@ -39,8 +97,21 @@ def _differences(saved: Any, current: Any, prefix: str) -> list[str]:
 
 def check_resume(cfg: DictConfig, path: str | Path) -> None:
     """Raise ``ValueError`` if the checkpoint at ``path`` was written by a run with another seed,
-    data config or model config (or carries no identity to compare)."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    data config or model config (or carries no identity to compare); with
+    ``checkpoint.resume_from=last`` also if it was written by another config or code."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - e.g. a file cut off by a killed process
+        raise ValueError(f"checkpoint {str(path)!r} cannot be read ({type(err).__name__}: {err}); delete it to "
+                         "start the run afresh") from err
+    if cfg.checkpoint.get("resume_from") == LAST:
+        saved, current = checkpoint.get(RUN_FINGERPRINT_KEY), run_fingerprint(cfg)
+        if saved != current:
+            raise ValueError(
+                f"checkpoint.resume_from=last: {str(path)!r} was written by {'another config or code' if saved else 'a run that recorded no config and code hashes'} "
+                f"(saved {saved}, this run {current}); continuing it would make one run of two. Allowed: the "
+                "same config and code as the launch that wrote it. Delete the checkpoint (or set "
+                "checkpoint.resume_from=null) to start afresh, or pass its path to start a new run from it")
     saved = checkpoint.get(RUN_IDENTITY_KEY)
     if saved is None:
         raise ValueError(f"checkpoint.resume_from={str(path)!r} carries no run identity (seed, data, model): it "
