@@ -41,6 +41,17 @@ class CutAt(pl.Callback):
             raise Cut(f"cut at epoch start {self.n}")
 
 
+def _cut_run(overrides: list[str], out, at: int, monkeypatch) -> None:
+    """Run ``overrides`` in ``out`` and cut it at the start of its ``at``-th training epoch."""
+    build = train_module.build_callbacks
+    CutAt.seen = 0
+    monkeypatch.setattr(train_module, "build_callbacks",
+                        lambda cfg, o, loop="lightning": [*build(cfg, o, loop), CutAt(at)])
+    with pytest.raises(Cut):
+        run(compose_config(overrides), out)
+    monkeypatch.setattr(train_module, "build_callbacks", build)
+
+
 def _comparable(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if "time" not in k and not k.startswith("checkpoint/")}
 
@@ -50,13 +61,7 @@ def test_cut_run_resumes_to_the_same_end(method, cut_at, tmp_path, monkeypatch):
     overrides = [*BASE, *method, *RESUME]
     whole = run(compose_config(overrides), tmp_path / "whole")
 
-    build = train_module.build_callbacks
-    CutAt.seen = 0
-    monkeypatch.setattr(train_module, "build_callbacks",
-                        lambda cfg, out, loop="lightning": [*build(cfg, out, loop), CutAt(cut_at)])
-    with pytest.raises(Cut):
-        run(compose_config(overrides), tmp_path / "cut")
-    monkeypatch.setattr(train_module, "build_callbacks", build)
+    _cut_run(overrides, tmp_path / "cut", cut_at, monkeypatch)
     resumed = run(compose_config(overrides), tmp_path / "cut")
 
     assert resumed["checkpoint/resumed_fit_s"] > 0  # the last training resumed from a checkpoint
@@ -70,13 +75,7 @@ def test_cut_run_resumes_to_the_same_end(method, cut_at, tmp_path, monkeypatch):
 def test_without_resume_a_cut_run_starts_again(tmp_path, monkeypatch):
     """The control: with resume_from=null the same second launch trains from the start."""
     overrides = [*BASE, *ONLINE, "checkpoint.enabled=true"]
-    build = train_module.build_callbacks
-    CutAt.seen = 0
-    monkeypatch.setattr(train_module, "build_callbacks",
-                        lambda cfg, out, loop="lightning": [*build(cfg, out, loop), CutAt(5)])
-    with pytest.raises(Cut):
-        run(compose_config(overrides), tmp_path)
-    monkeypatch.setattr(train_module, "build_callbacks", build)
+    _cut_run(overrides, tmp_path, 5, monkeypatch)
     assert "checkpoint/resumed_fit_s" not in run(compose_config(overrides), tmp_path)
 
 
@@ -109,13 +108,7 @@ def test_last_refuses_a_checkpoint_of_another_config(tmp_path, monkeypatch):
     """``last`` continues the same run: another learning rate is refused (a path may start a new
     run from the same checkpoint: only seed, data and model must match)."""
     overrides = [*BASE, *ONLINE, *RESUME]
-    build = train_module.build_callbacks
-    CutAt.seen = 0
-    monkeypatch.setattr(train_module, "build_callbacks",
-                        lambda cfg, out, loop="lightning": [*build(cfg, out, loop), CutAt(5)])
-    with pytest.raises(Cut):
-        run(compose_config(overrides), tmp_path / "cut")
-    monkeypatch.setattr(train_module, "build_callbacks", build)
+    _cut_run(overrides, tmp_path / "cut", 5, monkeypatch)
     with pytest.raises(ValueError, match=r"resume_from=last: .* another config or code"):
         run(compose_config([*overrides, "optimizer.lr=5e-3"]), tmp_path / "cut")
     path = tmp_path / "cut" / "checkpoints" / "last.ckpt"
