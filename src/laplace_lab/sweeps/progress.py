@@ -1,0 +1,97 @@
+"""How far a sweep has come: one line per job, for sweeps that take several launches.
+
+    python -m laplace_lab.sweeps.progress outputs/immer2021_images
+
+Every folder under the given ones that holds a ``status.json`` is a job. Its line gives its
+state (``finished``, ``failed``, ``running`` while its process is alive on this host, ``cut off``
+when the process that marked it running is gone), the epoch its newest ``last.ckpt`` saved out of
+``trainer.max_epochs`` (``map_grid``: per grid point, ``grid_<delta>/checkpoints``), and its wall
+time. A cut-off job with a checkpoint continues from that epoch when its launch command runs
+again with ``checkpoint.resume_from=last``; one without restarts from its first epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from pathlib import Path
+
+from laplace_lab.sweeps.status import STATUS_FILE, is_finished, read_status
+
+
+def saved_epochs(job_dir: Path) -> dict[str, int]:
+    """Epochs completed in each ``last.ckpt`` under ``job_dir`` (key: its training's folder
+    relative to the job, ``.`` for the job's own), read from the checkpoint's ``epoch``."""
+    import torch
+
+    out = {}
+    for path in sorted(job_dir.glob("**/checkpoints/last.ckpt")):
+        try:
+            epoch = torch.load(path, map_location="cpu", weights_only=False)["epoch"]
+        except Exception:  # noqa: BLE001 - a file being written, or cut off
+            continue
+        out[str(path.parent.parent.relative_to(job_dir))] = int(epoch) + 1
+    return out
+
+
+def _alive(status: dict) -> bool:
+    if status.get("host") != socket.gethostname() or not status.get("pid"):
+        return False
+    try:
+        os.kill(int(status["pid"]), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def job_state(job_dir: Path, status: dict) -> str:
+    """``finished`` | ``failed`` | ``running`` (its process is alive here) | ``cut off``."""
+    if is_finished(job_dir):
+        return "finished"
+    if status.get("state") == "failed":
+        return "failed"
+    return "running" if _alive(status) else "cut off"
+
+
+def max_epochs(job_dir: Path) -> int | None:
+    """``trainer.max_epochs`` of the job's ``config_resolved.yaml`` (None if absent)."""
+    path = job_dir / "config_resolved.yaml"
+    if not path.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    return OmegaConf.select(OmegaConf.load(path), "trainer.max_epochs")
+
+
+def job_line(job_dir: Path, root: Path) -> tuple[str, str]:
+    """(state, the job's line)."""
+    status = read_status(job_dir) or {}
+    state = job_state(job_dir, status)
+    total = max_epochs(job_dir)
+    epochs = saved_epochs(job_dir) if state != "finished" else {}
+    saved = ", ".join(f"{'' if k == '.' else k + ' '}{v}/{total or '?'}" for k, v in epochs.items())
+    wall = f"{status['wall_s']:.0f} s" if state == "finished" and status.get("wall_s") is not None else ""
+    detail = "; ".join(x for x in (f"epochs saved: {saved}" if saved else "", wall) if x)
+    return state, f"{state:9s} {job_dir.relative_to(root)}" + (f"  ({detail})" if detail else "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m laplace_lab.sweeps.progress", description=__doc__.split("\n")[0])
+    parser.add_argument("folders", nargs="+", type=Path, help="sweep folders, or folders holding sweep folders")
+    args = parser.parse_args(argv)
+    missing = [str(f) for f in args.folders if not f.is_dir()]
+    if missing:
+        parser.error(f"not a folder: {', '.join(missing)}")
+    counts: dict[str, int] = {}
+    for root in args.folders:
+        for status_file in sorted(root.glob(f"**/{STATUS_FILE}")):
+            state, line = job_line(status_file.parent, root)
+            counts[state] = counts.get(state, 0) + 1
+            print(line)
+    print(", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no jobs found")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
