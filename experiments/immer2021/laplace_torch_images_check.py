@@ -1,0 +1,92 @@
+"""Peer check for ``immer2021_images`` (and ``_cpu``): is the online-marglik Laplace predictive's
+calibration the engine's or the method's?
+
+For one finished ``method=online_kron`` job (its folder), rebuild its network at the weights
+online marglik kept (the best-marglik state saved in the job's ``checkpoints/last.ckpt``, which
+needs ``checkpoint.enabled=true``, as in ``immer2021_images``), fit our final Laplace as the run
+does (KFAC-GGN, the learned layerwise prior, on the same training rows), and fit laplace-torch
+0.3's ``KronLaplace`` with the same prior precisions on the same rows. Prints the log marglik of
+both and the test accuracy / NLL / ECE / mean confidence of our GLM probit predictive, of
+laplace-torch's (``pred_type="glm", link_approx="probit"``) and of the plug-in (MAP) network,
+with the largest difference between the two Laplace predictives' probabilities. laplace-torch
+is used as a library only.
+
+    PYTHONPATH=src python experiments/immer2021/laplace_torch_images_check.py <job folder> [--data-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from laplace_lab.evaluation.metrics import ece
+from laplace_lab.train import build
+from laplace_lab.training.posthoc import fit_posthoc_laplace
+from laplace_lab.training.predictors import laplace_predictor, map_predictor
+
+
+def best_state(job: Path) -> dict:
+    """The online-marglik callback's best-marglik weights and prior precisions in last.ckpt."""
+    path = job / "checkpoints" / "last.ckpt"
+    if not path.is_file():
+        raise SystemExit(f"{path} not found: the job must have run with checkpoint.enabled=true")
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)  # written by laplace_lab.train
+    states = [v for k, v in checkpoint.get("callbacks", {}).items() if "OnlineMarglik" in k]
+    if not states or states[0].get("best_state") is None:
+        raise SystemExit(f"{path} holds no online-marglik best state (method=online_kron with early stopping)")
+    return states[0]["best_state"]
+
+
+def scores(probs: torch.Tensor, y: torch.Tensor) -> str:
+    nll = -torch.log(probs[torch.arange(len(y)), y].clamp_min(1e-12)).mean()
+    return (f"acc {float((probs.argmax(-1) == y).float().mean()):.4f}  nll {float(nll):.4f}  "
+            f"ece {ece(probs, y):.4f}  mean confidence {float(probs.max(-1).values.mean()):.4f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("job", type=Path, help="folder of a finished online_kron job")
+    parser.add_argument("--data-dir", default=os.environ.get("LAPLACE_LAB_DATA_DIR"),
+                        help="data folder (default: LAPLACE_LAB_DATA_DIR, else the job's paths.data_dir)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    cfg = OmegaConf.load(args.job / "config_resolved.yaml")
+    if args.data_dir:
+        cfg.paths.data_dir = args.data_dir
+    datamodule, module = build(cfg, "plain")
+    datamodule.setup("fit")
+    state = best_state(args.job)
+    module.model.load_state_dict(state["model"])
+    module.set_prior_precision(state["prior_precision"])
+    module.eval()
+    ours, metrics = fit_posthoc_laplace(cfg, module, datamodule)
+
+    from laplace import KronLaplace  # laplace-torch
+
+    prior = ours.prior_precision.detach().float()
+    peer = KronLaplace(module.model, "classification", prior_precision=prior)
+    peer.fit(datamodule.train_eval_dataloader(batch_size=cfg.curvature.get("fit_batch_size")))
+    print(f"layerwise prior precisions: {[round(float(p), 4) for p in prior]}")
+    print(f"log marglik: ours {metrics['laplace/log_marglik']:.3f}, laplace-torch {float(peer.log_marginal_likelihood()):.3f}")
+    predict_ours, predict_map = laplace_predictor(ours, cfg.predictive), map_predictor(module)
+    p_ours, p_peer, p_map, labels = [], [], [], []
+    with torch.no_grad():
+        for x, y in datamodule.test_dataloader():
+            p_ours.append(predict_ours(x))
+            p_peer.append(peer(x, pred_type="glm", link_approx="probit"))
+            p_map.append(predict_map(x))
+            labels.append(y)
+    y = torch.cat(labels)
+    p_ours, p_peer = torch.cat(p_ours), torch.cat(p_peer)
+    print(f"ours (GLM probit):          {scores(p_ours, y)}")
+    print(f"laplace-torch (GLM probit): {scores(p_peer, y)}")
+    print(f"MAP (plug-in):              {scores(torch.cat(p_map), y)}")
+    print(f"max |p_ours - p_laplace_torch|: {float((p_ours - p_peer).abs().max()):.2e}")
+
+
+if __name__ == "__main__":
+    main()
