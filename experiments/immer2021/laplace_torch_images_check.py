@@ -47,19 +47,16 @@ def scores(probs: torch.Tensor, y: torch.Tensor) -> str:
             f"ece {ece(probs, y):.4f}  mean confidence {float(probs.max(-1).values.mean()):.4f}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("job", type=Path, help="folder of a finished online_kron job")
-    parser.add_argument("--data-dir", default=os.environ.get("LAPLACE_LAB_DATA_DIR"),
-                        help="data folder (default: LAPLACE_LAB_DATA_DIR, else the job's paths.data_dir)")
-    args = parser.parse_args()
+def compare(job: Path, data_dir: str | None = None) -> dict:
+    """Our final Laplace and laplace-torch's on the job's network: ``{"prior", "log_marglik":
+    (ours, peer), "probs": (ours, peer, map), "labels"}``."""
     torch.set_num_threads(1)
-    cfg = OmegaConf.load(args.job / "config_resolved.yaml")
-    if args.data_dir:
-        cfg.paths.data_dir = args.data_dir
+    cfg = OmegaConf.load(job / "config_resolved.yaml")
+    if data_dir:
+        cfg.paths.data_dir = data_dir
     datamodule, module = build(cfg, "plain")
     datamodule.setup("fit")
-    state = best_state(args.job)
+    state = best_state(job)
     module.model.load_state_dict(state["model"])
     module.set_prior_precision(state["prior_precision"])
     module.eval()
@@ -70,8 +67,6 @@ def main() -> None:
     prior = ours.prior_precision.detach().float()
     peer = KronLaplace(module.model, "classification", prior_precision=prior)
     peer.fit(datamodule.train_eval_dataloader(batch_size=cfg.curvature.get("fit_batch_size")))
-    print(f"layerwise prior precisions: {[round(float(p), 4) for p in prior]}")
-    print(f"log marglik: ours {metrics['laplace/log_marglik']:.3f}, laplace-torch {float(peer.log_marginal_likelihood()):.3f}")
     predict_ours, predict_map = laplace_predictor(ours, cfg.predictive), map_predictor(module)
     p_ours, p_peer, p_map, labels = [], [], [], []
     with torch.no_grad():
@@ -80,11 +75,23 @@ def main() -> None:
             p_peer.append(peer(x, pred_type="glm", link_approx="probit"))
             p_map.append(predict_map(x))
             labels.append(y)
-    y = torch.cat(labels)
-    p_ours, p_peer = torch.cat(p_ours), torch.cat(p_peer)
+    return {"prior": prior, "log_marglik": (metrics["laplace/log_marglik"], float(peer.log_marginal_likelihood())),
+            "probs": (torch.cat(p_ours), torch.cat(p_peer), torch.cat(p_map)), "labels": torch.cat(labels)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("job", type=Path, help="folder of a finished online_kron job")
+    parser.add_argument("--data-dir", default=os.environ.get("LAPLACE_LAB_DATA_DIR"),
+                        help="data folder (default: LAPLACE_LAB_DATA_DIR, else the job's paths.data_dir)")
+    args = parser.parse_args()
+    out = compare(args.job, args.data_dir)
+    (p_ours, p_peer, p_map), y = out["probs"], out["labels"]
+    print(f"layerwise prior precisions: {[round(float(p), 4) for p in out['prior']]}")
+    print(f"log marglik: ours {out['log_marglik'][0]:.3f}, laplace-torch {out['log_marglik'][1]:.3f}")
     print(f"ours (GLM probit):          {scores(p_ours, y)}")
     print(f"laplace-torch (GLM probit): {scores(p_peer, y)}")
-    print(f"MAP (plug-in):              {scores(torch.cat(p_map), y)}")
+    print(f"MAP (plug-in):              {scores(p_map, y)}")
     print(f"max |p_ours - p_laplace_torch|: {float((p_ours - p_peer).abs().max()):.2e}")
 
 

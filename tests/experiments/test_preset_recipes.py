@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 import yaml
 from omegaconf import OmegaConf
 
@@ -110,3 +111,27 @@ def test_adversarial_reuses_the_redux_map_networks():
         adversarial = compose_config(["experiment=adversarial_mnist", "method=diag", f"seed={seed}"])
         assert cache_key(redux) == cache_key(adversarial)
     assert cache_key(redux) != cache_key(compose_config(["experiment=redux_mnist", "seed=2", "prior.prior_precision=1"]))
+
+
+@pytest.mark.slow  # ~20 s: eigendecompositions of the 3073 x 3073 input factor of 3 x 32 x 32 fake images
+def test_images_peer_check_matches_laplace_torch(tmp_path):
+    """experiments/immer2021/laplace_torch_images_check.py on a small finished online_kron job
+    (fake images): our final Laplace and laplace-torch's KronLaplace agree."""
+    from laplace_lab.train import run
+    from tests.conftest import compose_config
+
+    path = ROOT / "experiments" / "immer2021" / "laplace_torch_images_check.py"
+    spec = importlib.util.spec_from_file_location("laplace_torch_images_check", path)
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    job = tmp_path / "job"
+    run(compose_config(["data=fake_data", "model=mlp", "model.widths=[16]", "method=online_kron", "trainer.max_epochs=2",
+                        "marglik.n_steps=5", "checkpoint.enabled=true", "logger=csv", "evaluation=none",
+                        "trainer.enable_progress_bar=false"]), job)
+    out = check.compare(job)
+    ours, peer = out["log_marglik"]
+    assert math.isfinite(ours) and abs(ours - peer) <= 1e-3 * abs(peer)
+    p_ours, p_peer, p_map = out["probs"]
+    assert p_ours.shape == p_map.shape == (len(out["labels"]), 10)
+    assert torch.allclose(p_ours, p_peer, atol=1e-4)
+    assert not torch.allclose(p_ours, p_map, atol=1e-3)  # the Laplace predictive is not the plug-in one
