@@ -53,6 +53,22 @@ def test_immer2021_uci_grid_and_validation_split_only_for_map_grid():
     assert point.data.val_fraction == 0.1
 
 
+def test_immer2021_images_is_the_authors_recipe():
+    """runame/laplace-redux marglik_training: 60000 images, delta 30 = 5e-4 x 60000, 250 epochs,
+    Adam 1e-3 with a per-batch cosine to 1e-6, F=1, K=100, B=0, lr_hyp 1; only map_grid holds
+    images out; jobs resume from their last epoch (a CPU sweep takes several launches)."""
+    for method in ("online_kron", "map_wd", "map_grid"):
+        cfg = resolved(["experiment=immer2021_images", f"method={method}"])
+        assert cfg.data.n_val == (5000 if method == "map_grid" else 0), method
+        assert cfg.prior.prior_precision == 30.0 and cfg.trainer.max_epochs == 250 and cfg.data.batch_size == 128
+        assert cfg.lr_scheduler._target_.endswith("StepwiseCosine") and cfg.lr_scheduler.eta_min == 1e-6
+        assert cfg.optimizer.lr == 1e-3
+        assert (cfg.checkpoint.enabled, cfg.checkpoint.resume_from) == (True, "last")
+    online = resolved(["experiment=immer2021_images", "method=online_kron"])
+    assert (online.marglik.frequency, online.marglik.n_steps, online.marglik.burnin, online.marglik.lr_hyp,
+            online.marglik.early_stopping) == (1, 100, 0, 1.0, True)
+
+
 def test_sinusoid_trains_the_map_without_prior():
     cfg = resolved(["experiment=sinusoid"])
     assert cfg.prior_in_map_loss is False and cfg.marglik.n_steps == 1000
