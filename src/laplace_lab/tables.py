@@ -498,8 +498,9 @@ def jobs_csv(name: str, runs: list[Run], group_by: list[str], metrics: list[str]
     for run in sorted(runs, key=lambda r: str(r.path)):
         git = run.status.get("git") or {}
         overrides = " ".join(portable_command(f"{k}={v}", here) for k, v in run.overrides.items())
+        seconds, source = job_seconds(run)
         writer.writerow([_relative(run.path, sweep_dirs), *(run.value(k) for k in group_by), overrides,
-                         run_commit(run), git.get("dirty", ""), job_seconds(run)[0] if run.status.get("wall_s") is not None else "",
+                         run_commit(run), git.get("dirty", ""), seconds if source == "job" else "",
                          *(repr(run.metrics[m]) if m in run.metrics else "" for m in metrics)])
     return buf.getvalue()
 

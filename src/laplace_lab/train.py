@@ -315,8 +315,16 @@ def loader_rmse(module: MAPCore, loader) -> float:
     return float(torch.cat(err).mean().sqrt())
 
 
-def grid_point_config(cfg: DictConfig, delta: float, name: str | None = None) -> DictConfig:
-    """The config of one training of ``map_grid``, named ``name`` (default ``grid_<delta>``): prior
+REFIT_NAME = "refit"  # the folder of map_grid_refit's last training
+
+
+def grid_point_name(delta: float) -> str:
+    """The folder (under the run's) of the ``map_grid`` training with prior precision ``delta``."""
+    return f"grid_{delta:g}"
+
+
+def grid_point_config(cfg: DictConfig, delta: float, name: str) -> DictConfig:
+    """The config of one training of ``map_grid``, in the subfolder ``name`` of the run's: prior
     precision ``delta``, no grid (so it shares the MAP cache with a plain run of that prior
     precision), and an explicit ``checkpoint.dirpath`` narrowed to ``<dirpath>/<name>`` so that
     the grid's trainings neither overwrite nor resume each other's checkpoints."""
@@ -324,7 +332,7 @@ def grid_point_config(cfg: DictConfig, delta: float, name: str | None = None) ->
     point.prior.prior_precision = float(delta)
     point.map_grid, point.map_grid_refit = None, False
     if point.checkpoint.get("dirpath"):
-        point.checkpoint.dirpath = str(Path(point.checkpoint.dirpath) / (name or f"grid_{delta:g}"))
+        point.checkpoint.dirpath = str(Path(point.checkpoint.dirpath) / name)
     return point
 
 
@@ -332,7 +340,7 @@ def refit_config(cfg: DictConfig, delta: float) -> DictConfig:
     """The config of ``map_grid_refit``'s last training (named ``refit``): a grid point of ``delta``
     with the validation rows given back to training (``data.val_fraction`` or ``data.n_val`` set
     to 0, see ``HELD_OUT_VALIDATION``)."""
-    refit = grid_point_config(cfg, delta, name="refit")
+    refit = grid_point_config(cfg, delta, REFIT_NAME)
     refit.data[HELD_OUT_VALIDATION[refit.data._target_]] = 0
     return refit
 
@@ -348,7 +356,8 @@ def train_map_grid(cfg: DictConfig, output_dir: Path, loggers, loop: str | None 
     likelihood noise given the network). ``val/nll`` is the chosen grid point's either way."""
     best, grid_metrics, total_time, resumed = None, {}, 0.0, 0.0
     for delta in cfg.map_grid:
-        datamodule, module, trainer, metrics = train_map(grid_point_config(cfg, delta), output_dir / f"grid_{delta:g}",
+        name = grid_point_name(delta)
+        datamodule, module, trainer, metrics = train_map(grid_point_config(cfg, delta, name), output_dir / name,
                                                          loggers=[], loop=loop)
         metrics["val/nll"] = validation_nll(module, datamodule)
         grid_metrics[f"grid/prior_{delta:g}/val_nll"] = metrics["val/nll"]
@@ -359,7 +368,7 @@ def train_map_grid(cfg: DictConfig, output_dir: Path, loggers, loop: str | None 
     best_delta, datamodule, module, trainer, metrics = best
     val_nll = metrics["val/nll"]
     if cfg.get("map_grid_refit", False):  # the grid's own value, not the module's float32 copy of it
-        datamodule, module, trainer, metrics = train_map(refit_config(cfg, best_delta), output_dir / "refit",
+        datamodule, module, trainer, metrics = train_map(refit_config(cfg, best_delta), output_dir / REFIT_NAME,
                                                          loggers=loggers, loop=loop)
         total_time += metrics["time/fit_s"]
         resumed += metrics.get("checkpoint/resumed_fit_s", 0.0)

@@ -115,3 +115,14 @@ def test_last_refuses_a_checkpoint_of_another_config(tmp_path, monkeypatch):
     metrics = run(compose_config([*BASE, *ONLINE, "optimizer.lr=5e-3", f"checkpoint.resume_from={path}"]),
                   tmp_path / "new")
     assert metrics["checkpoint/resumed_fit_s"] > 0
+
+
+def test_grid_points_get_their_own_explicit_checkpoint_dirpath(tmp_path):
+    """With checkpoint.dirpath set, map_grid's trainings write (and resume) under <dirpath>/<name>."""
+    from laplace_lab.train import grid_point_config, grid_point_name, refit_config
+
+    cfg = compose_config(["data=uci", "data.name=yacht", *GRID, "map_grid_refit=true",
+                          f"checkpoint.dirpath={tmp_path}"])
+    assert grid_point_config(cfg, 0.1, grid_point_name(0.1)).checkpoint.dirpath == str(tmp_path / "grid_0.1")
+    assert refit_config(cfg, 10.0).checkpoint.dirpath == str(tmp_path / "refit")
+    assert cfg.checkpoint.dirpath == str(tmp_path)  # the run's own config is left as it was
