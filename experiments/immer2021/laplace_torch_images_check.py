@@ -21,24 +21,10 @@ import os
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from laplace_lab.evaluation.metrics import ece
-from laplace_lab.train import build
-from laplace_lab.training.posthoc import fit_posthoc_laplace
+from laplace_lab.training.job_laplace import final_laplace
 from laplace_lab.training.predictors import laplace_predictor, map_predictor
-
-
-def best_state(job: Path) -> dict:
-    """The online-marglik callback's best-marglik weights and prior precisions in last.ckpt."""
-    path = job / "checkpoints" / "last.ckpt"
-    if not path.is_file():
-        raise SystemExit(f"{path} not found: the job must have run with checkpoint.enabled=true")
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)  # written by laplace_lab.train
-    states = [v for k, v in checkpoint.get("callbacks", {}).items() if "OnlineMarglik" in k]
-    if not states or states[0].get("best_state") is None:
-        raise SystemExit(f"{path} holds no online-marglik best state (method=online_kron with early stopping)")
-    return states[0]["best_state"]
 
 
 def scores(probs: torch.Tensor, y: torch.Tensor) -> str:
@@ -51,16 +37,10 @@ def compare(job: Path, data_dir: str | None = None) -> dict:
     """Our final Laplace and laplace-torch's on the job's network: ``{"prior", "log_marglik":
     (ours, peer), "probs": (ours, peer, map), "labels"}``."""
     torch.set_num_threads(1)
-    cfg = OmegaConf.load(job / "config_resolved.yaml")
-    if data_dir:
-        cfg.paths.data_dir = data_dir
-    datamodule, module = build(cfg, "plain")
-    datamodule.setup("fit")
-    state = best_state(job)
-    module.model.load_state_dict(state["model"])
-    module.set_prior_precision(state["prior_precision"])
-    module.eval()
-    ours, metrics = fit_posthoc_laplace(cfg, module, datamodule)
+    try:
+        cfg, datamodule, module, ours, metrics = final_laplace(job, data_dir)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(str(err)) from None
 
     from laplace import KronLaplace  # laplace-torch
 

@@ -210,6 +210,12 @@ def test_logdet_and_marglik_against_dense(structure, prior_structure, lik):
     loglik = (dense_loglik(model, X, y, lik, sigma) + norm) / 0.8 - norm
     ref = dense_marglik(loglik, H, c, prior_diag, la.mean)
     torch.testing.assert_close(la.log_marginal_likelihood(), ref, rtol=1e-10, atol=1e-9)
+    # its three terms, each against the dense one
+    terms = la.log_marginal_likelihood_terms()
+    torch.testing.assert_close(terms["log_lik"], torch.as_tensor(loglik, dtype=torch.float64), rtol=1e-10, atol=1e-9)
+    torch.testing.assert_close(terms["log_det_ratio"], torch.linalg.slogdet(P)[1] - prior_diag.log().sum(),
+                               rtol=1e-10, atol=1e-9)
+    torch.testing.assert_close(terms["scatter"], la.mean @ (prior_diag * la.mean), rtol=1e-10, atol=1e-9)
     # posterior queries against the dense covariance
     Sigma = torch.linalg.inv(P)
     torch.testing.assert_close(la.posterior_variance, Sigma.diagonal(), rtol=1e-8, atol=1e-12)

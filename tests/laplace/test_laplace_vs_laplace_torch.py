@@ -79,6 +79,11 @@ def test_marglik_matches_laplace_torch(lik, structure, subset, curv, prior):
         return
     a, b = ours.log_marginal_likelihood(), theirs.log_marginal_likelihood()
     torch.testing.assert_close(a, b.to(a.dtype), rtol=1e-4, atol=0)
+    terms = ours.log_marginal_likelihood_terms()  # and its terms, under laplace-torch's names
+    for name in ("log_likelihood", "log_det_ratio", "scatter"):
+        a, b = getattr(ours, name), getattr(theirs, name)
+        torch.testing.assert_close(a, b.to(a.dtype), rtol=1e-4, atol=1e-8)
+        torch.testing.assert_close(terms[{"log_likelihood": "log_lik"}.get(name, name)], a)
     a, b = _dense_H(ours, theirs, structure, factor=1.0)  # same curvature, not only the same number
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
 

@@ -115,6 +115,10 @@ def test_posthoc_normgroups_and_linear_mode():
                                        "marglik.evidence_point=linear_mode"])
     assert la.linear_offset is not None and m["laplace/linear_mode_shift"] > 0
     assert m["laplace/log_marglik"] == pytest.approx(float(la.log_marginal_likelihood()))
+    for metrics in (m_w, m):  # the recorded terms add up to the recorded evidence
+        assert metrics["laplace/log_lik"] - 0.5 * (metrics["laplace/log_det_ratio"] + metrics["laplace/scatter"]) \
+            == pytest.approx(metrics["laplace/log_marglik"], rel=1e-6)  # float32 terms
+        assert metrics["laplace/log_det_ratio"] > 0 and metrics["laplace/scatter"] > 0
     # the same joint fit done by hand on the engine: identical precisions and mode
     ref = Laplace(module.model, "classification", subset_of_weights="all", hessian_structure="full",
                   prior_structure="normgroups", prior_precision=2.0, prior_groups=la.prior_groups)

@@ -503,6 +503,11 @@ class Laplace:
         self._check_fitted()
         return self._structure.logdet(self._H_factor, self._structure_prior)
 
+    @property
+    def log_det_ratio(self) -> torch.Tensor:
+        """log|posterior precision| - log|prior precision| (the Occam factor's determinant; laplace-torch's name)."""
+        return self.log_det_posterior_precision - self.log_det_prior_precision
+
     def log_marginal_likelihood(self, prior_precision=None, sigma_noise=None) -> torch.Tensor:
         """0-dim Laplace evidence; setting ``prior_precision`` / ``sigma_noise`` (kept as
         attributes, graph preserved) makes it differentiable in them. No data pass."""
@@ -512,8 +517,18 @@ class Laplace:
             if self.likelihood != "regression":
                 raise ValueError("sigma_noise can only be set for likelihood='regression'")
             self.sigma_noise = sigma_noise
-        log_det_ratio = self.log_det_posterior_precision - self.log_det_prior_precision
-        return self.log_likelihood - 0.5 * (log_det_ratio + self.scatter)
+        terms = self.log_marginal_likelihood_terms()
+        return terms["log_lik"] - 0.5 * (terms["log_det_ratio"] + terms["scatter"])
+
+    def log_marginal_likelihood_terms(self) -> dict[str, torch.Tensor]:
+        """The evidence's three 0-dim terms at the current prior and noise, with
+        ``log marglik = log_lik - 0.5 * (log_det_ratio + scatter)``: ``log_lik`` the (tempered)
+        training log likelihood at the mean, ``log_det_ratio`` = log|posterior precision| -
+        log|prior precision| and ``scatter`` = (mean - prior_mean)^T prior precision (mean - prior_mean);
+        -0.5 (log_det_ratio + scatter) is the Occam term that model selection trades against the fit."""
+        return {"log_lik": self.log_likelihood,
+                "log_det_ratio": self.log_det_ratio,
+                "scatter": self.scatter}
 
     # ---- posterior ------------------------------------------------------------------------------------
     @property

@@ -1,0 +1,61 @@
+"""A finished online-marglik job's final Laplace, rebuilt from its folder (for analyses after the run).
+
+The job must have run with ``method=online_kron`` (or any ``marglik=online`` method with early
+stopping) and ``checkpoint.enabled=true``: its ``checkpoints/last.ckpt`` holds the online-marglik
+callback's best-marglik weights and prior precisions, the state the run's final Laplace was fitted
+at. ``final_laplace`` fits that Laplace again exactly as the run did (``fit_posthoc_laplace`` on
+the same training rows), so its metrics are the run's ``laplace/...`` metrics.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from laplace_lab.data.base import LabDataModule
+from laplace_lab.laplace import Laplace
+from laplace_lab.training.module import MAPCore
+
+
+def best_state(job: Path) -> dict:
+    """The online-marglik callback's best-marglik state in ``<job>/checkpoints/last.ckpt``:
+    ``{"model": state_dict, "prior_precision": tensor, ...}``."""
+    path = Path(job) / "checkpoints" / "last.ckpt"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: the job must have run with checkpoint.enabled=true")
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)  # written by laplace_lab.train
+    states = [v for k, v in checkpoint.get("callbacks", {}).items() if "OnlineMarglik" in k]
+    if not states or states[0].get("best_state") is None:
+        raise ValueError(f"{path} holds no online-marglik best state (a marglik=online method with early stopping)")
+    return states[0]["best_state"]
+
+
+def load_job(job: Path, data_dir: str | None = None) -> tuple[DictConfig, LabDataModule, MAPCore]:
+    """The job's resolved config, its data module (set up for fit) and its module at the best state
+    (eval mode). ``data_dir`` replaces the job's ``paths.data_dir`` (a job run on another machine)."""
+    # the entry point's builder (it imports Hydra): only when called
+    from laplace_lab.train import build
+
+    cfg = OmegaConf.load(Path(job) / "config_resolved.yaml")
+    if data_dir:
+        cfg.paths.data_dir = data_dir
+    datamodule, module = build(cfg, "plain")
+    datamodule.setup("fit")
+    state = best_state(job)
+    module.model.load_state_dict(state["model"])
+    module.set_prior_precision(state["prior_precision"])
+    module.eval()
+    return cfg, datamodule, module
+
+
+def final_laplace(job: Path, data_dir: str | None = None
+                  ) -> tuple[DictConfig, LabDataModule, MAPCore, Laplace, dict[str, float]]:
+    """``load_job`` plus the run's final Laplace fitted again: ``(cfg, datamodule, module, la, metrics)``
+    with the ``laplace/...`` metrics of ``fit_posthoc_laplace`` (log marglik and its terms)."""
+    from laplace_lab.training.posthoc import fit_posthoc_laplace
+
+    cfg, datamodule, module = load_job(job, data_dir)
+    la, metrics = fit_posthoc_laplace(cfg, module, datamodule)
+    return cfg, datamodule, module, la, metrics
