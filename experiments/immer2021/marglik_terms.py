@@ -8,8 +8,9 @@ the run's final Laplace is fitted again at the weights and prior online marglik 
 
 ``log_lik`` is the training log likelihood (the fit), ``-0.5 (log_det_ratio + scatter)`` the Occam
 term. Prints one markdown row per job with the job's test accuracy and Laplace NLL from its
-``metrics.json``. Jobs run at or after the commit that records ``laplace/log_lik`` etc. in
-``metrics.json`` need no refit: their recorded terms are printed (``--refit`` forces one).
+``metrics.json`` (folders without one, unfinished jobs, are named and skipped). Jobs run at or
+after the commit that records ``laplace/log_lik`` etc. in ``metrics.json`` need no refit: their
+recorded terms are printed (``--refit`` forces one).
 
     PYTHONPATH=src python experiments/immer2021/marglik_terms.py <job folder> [<job folder> ...] [--data-dir DIR]
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -73,7 +75,12 @@ def main() -> None:
                         help="data folder (default: LAPLACE_LAB_DATA_DIR, else the job's paths.data_dir)")
     parser.add_argument("--refit", action="store_true", help="refit even where metrics.json records the terms")
     args = parser.parse_args()
-    print(markdown([job_terms(job, args.data_dir, args.refit) for job in args.jobs]))
+    finished = [job for job in args.jobs if (job / "metrics.json").is_file()]
+    for job in sorted(set(args.jobs) - set(finished)):
+        print(f"skipped {job}: not finished (no metrics.json)", file=sys.stderr)
+    if not finished:
+        raise SystemExit("no finished job among the folders given")
+    print(markdown([job_terms(job, args.data_dir, args.refit) for job in finished]))
 
 
 if __name__ == "__main__":

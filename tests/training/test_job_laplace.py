@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,7 @@ def test_final_laplace_is_the_runs_laplace(job):
         == pytest.approx(metrics["laplace/log_marglik"], rel=1e-6)
 
 
-def test_marglik_terms_script_recorded_and_refit(job):
+def test_marglik_terms_script_recorded_and_refit(job, monkeypatch, capsys):
     spec = importlib.util.spec_from_file_location("marglik_terms", ROOT / "experiments" / "immer2021" / "marglik_terms.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
@@ -47,6 +48,10 @@ def test_marglik_terms_script_recorded_and_refit(job):
     assert recorded["occam"] < 0 < recorded["log_det_ratio"] and math.isfinite(recorded["log_lik"])
     assert recorded["test_acc"] is None  # evaluation=none: no test metrics, a dash in the table
     table = script.markdown([recorded, refit])
+    monkeypatch.setattr(sys, "argv", ["marglik_terms.py", str(job / "checkpoints")])  # not a finished job
+    with pytest.raises(SystemExit, match="no finished job"):
+        script.main()
+    assert "checkpoints: not finished (no metrics.json)" in capsys.readouterr().err
     assert table.count("\n") == 3 and "| Toy2DDataModule | MLP [8] | 0 | 42 |" in table and "| - | - | refit |" in table
 
 
