@@ -151,3 +151,5 @@ def test_images_peer_check_matches_laplace_torch(tmp_path):
     assert p_ours.shape == p_map.shape == (len(out["labels"]), 10)
     assert torch.allclose(p_ours, p_peer, atol=1e-4)
     assert not torch.allclose(p_ours, p_map, atol=1e-3)  # the Laplace predictive is not the plug-in one
+    only = check.compare(job, predictive=False)  # --marglik-only: the same two evidences, no predictive
+    assert set(only) == {"prior", "log_marglik"} and only["log_marglik"] == pytest.approx(out["log_marglik"], rel=1e-6)
