@@ -81,6 +81,7 @@ from laplace_lab.sweeps.status import (
     device_texts,
     hardware,
 )
+from laplace_lab.sweeps.status import job_seconds as status_job_seconds
 from laplace_lab.table_figures import TABLE_FIGURES
 from laplace_lab.table_figures import draw as draw_table_figure
 
@@ -377,13 +378,8 @@ def provenance(runs: list[Run], sweep_dirs: list[Path], seed_keys: tuple[str, ..
 
 
 def job_seconds(run: Run) -> tuple[float, str]:
-    """(seconds, source) of one job: the wall clock of its last launch from status.json (source
-    ``job``), else its training time (``fit``); plus, for a job resumed from a checkpoint, the
-    training seconds of the launches before it (``checkpoint/resumed_fit_s``)."""
-    earlier = float(run.metrics.get("checkpoint/resumed_fit_s", 0.0))
-    if run.status.get("wall_s") is not None:
-        return float(run.status["wall_s"]) + earlier, "job"
-    return run.metrics.get("time/fit_s", math.nan), "fit"  # (time/fit_s already counts the earlier launches)
+    """(seconds, source) of one job (``sweeps.status.job_seconds``: earlier launches included)."""
+    return status_job_seconds(run.status, run.metrics)
 
 
 def _natural(text: str) -> tuple:

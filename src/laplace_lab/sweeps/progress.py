@@ -6,18 +6,19 @@ Every folder under the given ones that holds a ``status.json`` is a job. Its lin
 state (``finished``, ``failed``, ``running`` while its process is alive on this host, ``cut off``
 when the process that marked it running is gone), the epoch its newest ``last.ckpt`` saved out of
 ``trainer.max_epochs`` (``map_grid``: per grid point, ``grid_<delta>/checkpoints``), and its wall
-time. A cut-off job with a checkpoint continues from that epoch when its launch command runs
+time (a resumed job's includes the training seconds of its launches before the resume). A cut-off job with a checkpoint continues from that epoch when its launch command runs
 again with ``checkpoint.resume_from=last``; one without restarts from its first epoch.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 from pathlib import Path
 
-from laplace_lab.sweeps.status import STATUS_FILE, is_finished, read_status
+from laplace_lab.sweeps.status import STATUS_FILE, is_finished, job_seconds, read_status
 
 
 def saved_epochs(job_dir: Path) -> dict[str, int]:
@@ -71,7 +72,11 @@ def job_line(job_dir: Path, root: Path) -> tuple[str, str]:
     total = max_epochs(job_dir)
     epochs = saved_epochs(job_dir) if state != "finished" else {}
     saved = ", ".join(f"{'' if k == '.' else k + ' '}{v}/{total or '?'}" for k, v in epochs.items())
-    wall = f"{status['wall_s']:.0f} s" if state == "finished" and status.get("wall_s") is not None else ""
+    wall = ""
+    if state == "finished" and status.get("wall_s") is not None:  # with the launches before a resume
+        metrics_file = job_dir / "metrics.json"
+        metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
+        wall = f"{job_seconds(status, metrics)[0]:.0f} s"
     detail = "; ".join(x for x in (f"epochs saved: {saved}" if saved else "", wall) if x)
     return state, f"{state:9s} {job_dir.relative_to(root)}" + (f"  ({detail})" if detail else "")
 

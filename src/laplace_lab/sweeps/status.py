@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import shlex
@@ -82,6 +83,16 @@ def is_finished(job_dir: str | Path) -> bool:
     """True when the folder holds a finished run: ``metrics.json`` and state ``finished``."""
     status = read_status(job_dir)
     return bool(status) and status.get("state") == "finished" and (Path(job_dir) / "metrics.json").is_file()
+
+
+def job_seconds(status: dict[str, Any], metrics: dict[str, Any]) -> tuple[float, str]:
+    """(seconds, source) of one job from its status.json and metrics.json: the wall clock of its
+    last launch (source ``job``), else its training time (``fit``); plus, for a job resumed from a
+    checkpoint, the training seconds of the launches before it (``checkpoint/resumed_fit_s``)."""
+    earlier = float(metrics.get("checkpoint/resumed_fit_s", 0.0))
+    if status.get("wall_s") is not None:
+        return float(status["wall_s"]) + earlier, "job"
+    return float(metrics.get("time/fit_s", math.nan)), "fit"  # (time/fit_s already counts the earlier launches)
 
 
 def launch_command(argv: list[str] | None = None) -> str:
