@@ -16,6 +16,11 @@ the agreement is Kendall's tau (+1: same order, -1: reversed) and whether the sc
 candidate is the target's best. Its spread: the same tau computed seed by seed (the runs sharing
 the values of ``seed_keys``, e.g. ``seed``), over the seeds every candidate of the group ran,
 as mean, standard error and number of seeds.
+
+With the score ``laplace/log_marglik``, a group whose runs all record the evidence's terms
+(``laplace/log_lik``, ``laplace/log_det_ratio``, ``laplace/scatter``; log marglik = log_lik -
+0.5 (log_det_ratio + scatter)) also shows their means and the Occam term -0.5 (log_det_ratio +
+scatter) beside the score: why the score ranks the candidates as it does.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from laplace_lab.summary_stats import mean_se
 
 LOWER_IS_BETTER = ("nll", "ece", "brier", "rmse", "fpr95", "mmc", "error")
 SPEC_KEYS = ("score", "candidates", "within", "targets", "where", "lower_is_better")
+EVIDENCE = "laplace/log_marglik"
+EVIDENCE_TERMS = ("laplace/log_lik", "laplace/log_det_ratio", "laplace/scatter")
+OCCAM = "occam"  # -0.5 (log_det_ratio + scatter), per run
 
 
 def validate_spec(spec: dict[str, Any]) -> dict[str, Any]:
@@ -101,8 +109,12 @@ def rank_candidates(runs: list, spec: dict[str, Any], seed_keys: tuple[str, ...]
     out = []
     for within, cands in groups.items():
         names = list(cands)
+        terms = _recorded_terms(spec["score"], [r for c in names for r in cands[c]])
         means = {m: [_mean([r.metrics[m] for r in cands[c] if m in r.metrics]) for c in names]
-                 for m in [spec["score"], *spec["targets"]]}
+                 for m in [spec["score"], *terms, *spec["targets"]]}
+        if terms:
+            means[OCCAM] = [_mean([-0.5 * (r.metrics["laplace/log_det_ratio"] + r.metrics["laplace/scatter"])
+                                   for r in cands[c]]) for c in names]
         score = means[spec["score"]]
         agreement, per_seed = {}, {}
         for t in spec["targets"]:
@@ -113,8 +125,16 @@ def rank_candidates(runs: list, spec: dict[str, Any], seed_keys: tuple[str, ...]
         out.append({"within": dict(zip(spec["within"], within)),
                     "candidates": [dict(zip(spec["candidates"], c)) for c in names],
                     "n_runs": [len(cands[c]) for c in names], "means": means, "agreement": agreement,
+                    "terms": [*terms, OCCAM] if terms else [],
                     "per_seed": per_seed})
     return out
+
+
+def _recorded_terms(score: str, runs: list) -> list[str]:
+    """The evidence's terms when the score is the Laplace evidence and every run records them."""
+    if score != EVIDENCE or not all(all(t in r.metrics for t in EVIDENCE_TERMS) for r in runs):
+        return []
+    return list(EVIDENCE_TERMS)
 
 
 def _fmt(x: float) -> str:
@@ -129,8 +149,8 @@ def to_markdown(rankings: list[dict[str, Any]], spec: dict[str, Any]) -> list[st
              f"Candidates ({', '.join(spec['candidates'])}) ranked by `{spec['score']}` (higher is better)"
              + (f" over the runs with {where}" if where else "") + ", beside held-out metrics (means over runs). "
              "Kendall's tau: +1 = the score orders the candidates as the metric does, -1 = reversed.", ""]
-    metrics = [spec["score"], *spec["targets"]]
     for entry in rankings:
+        metrics = [spec["score"], *entry.get("terms", []), *spec["targets"]]
         title = ", ".join(f"{k}={v}" for k, v in entry["within"].items()) or "all runs"
         lines += [f"### {title}", "", "| " + " | ".join([*spec["candidates"], "n", *metrics]) + " |",
                   "|" + "---|" * (len(spec["candidates"]) + 1 + len(metrics))]
@@ -143,6 +163,9 @@ def to_markdown(rankings: list[dict[str, Any]], spec: dict[str, Any]) -> list[st
         agree = "; ".join(f"{t}: tau {_fmt(a['kendall_tau'])}, best agrees: {a['top_agrees']}"
                           for t, a in entry["agreement"].items())
         spread = "; ".join(f"{t}: {_fmt(m)} ± {_fmt(se)} (n={n})" for t, (m, se, n) in entry["per_seed"].items())
+        if entry.get("terms"):
+            lines += ["", f"The evidence's terms (means): `{spec['score']}` = `laplace/log_lik` + `{OCCAM}`, "
+                      f"`{OCCAM}` = -0.5 (`laplace/log_det_ratio` + `laplace/scatter`)."]
         lines += ["", f"Agreement with `{spec['score']}`: {agree}", "",
                   f"Tau seed by seed (mean ± s.e. over the seeds every candidate ran): {spread}", ""]
     return lines

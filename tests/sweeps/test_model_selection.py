@@ -81,3 +81,33 @@ def test_tau_spread_over_the_seeds_every_candidate_ran():
     assert f"test/acc: {mean:.4f} ± {se:.4f} (n=3)" in text
     (single,) = ms.rank_candidates(runs[:3], SPEC, seed_keys=("seed",))
     assert single["per_seed"]["test/acc"][1:] == (pytest.approx(math.nan, nan_ok=True), 1)
+
+
+def test_the_evidence_terms_are_shown_where_every_run_records_them():
+    def terms(model, seed, log_lik, log_det_ratio, scatter, acc):
+        metrics = {"laplace/log_marglik": log_lik - 0.5 * (log_det_ratio + scatter), "laplace/log_lik": log_lik,
+                   "laplace/log_det_ratio": log_det_ratio, "laplace/scatter": scatter, "test/acc": acc, "test/nll": 1 - acc}
+        return Run(path=None, metrics=metrics,
+                   overrides={"data.name": "mnist", "model": model, "method_name": "online", "seed": str(seed)})
+
+    runs = [terms("small", 0, -200.0, 100.0, 50.0, 0.95), terms("small", 1, -210.0, 110.0, 50.0, 0.96),
+            terms("wide", 0, -100.0, 300.0, 200.0, 0.97)]
+    (entry,) = ms.rank_candidates(runs, SPEC)
+    assert entry["terms"] == ["laplace/log_lik", "laplace/log_det_ratio", "laplace/scatter", "occam"]
+    assert entry["means"]["occam"] == [pytest.approx(-77.5), pytest.approx(-250.0)]  # small: mean of -75, -80
+    assert entry["means"]["laplace/log_lik"] == [-205.0, -100.0]
+    for i in range(2):  # the terms add up to the score, candidate by candidate
+        assert entry["means"]["laplace/log_lik"][i] + entry["means"]["occam"][i] == pytest.approx(
+            entry["means"]["laplace/log_marglik"][i])
+    text = "\n".join(ms.to_markdown([entry], SPEC))
+    assert "| model | n | laplace/log_marglik | laplace/log_lik | laplace/log_det_ratio | laplace/scatter | occam |" in text
+    assert "| small | 2 | -282.5000 | -205.0000 | 105.0000 | 50.0000 | -77.5000 | 0.9550 |" in text
+    # one run without the terms (an older run): no terms columns for its group
+    runs[0] = run("mnist", "small", "online", **{"laplace/log_marglik": -275.0, "test/acc": 0.95, "test/nll": 0.05})
+    runs[0].overrides["seed"] = "0"
+    (entry,) = ms.rank_candidates(runs, SPEC)
+    assert entry["terms"] == [] and "occam" not in entry["means"]
+    assert "laplace/log_lik" not in "\n".join(ms.to_markdown([entry], SPEC))
+    # another score (not the Laplace evidence): no terms either
+    (entry,) = ms.rank_candidates(runs[1:], {**SPEC, "score": "test/nll"})
+    assert entry["terms"] == []
