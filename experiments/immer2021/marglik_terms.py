@@ -10,9 +10,10 @@ the run's final Laplace is fitted again at the weights and prior online marglik 
 term. Prints one markdown row per job with the job's test accuracy and Laplace NLL from its
 ``metrics.json`` (folders without one, unfinished jobs, are named and skipped). Jobs run at or
 after the commit that records ``laplace/log_lik`` etc. in ``metrics.json`` need no refit: their
-recorded terms are printed (``--refit`` forces one).
+recorded terms are printed (``--refit`` forces one). ``--by-tensor`` also splits each job's log det
+ratio by parameter tensor (``Laplace.log_det_ratio_by_tensor``): which layers carry the Occam term.
 
-    PYTHONPATH=src python experiments/immer2021/marglik_terms.py <job folder> [<job folder> ...] [--data-dir DIR]
+    PYTHONPATH=src python experiments/immer2021/marglik_terms.py <job folder> [<job folder> ...] [--data-dir DIR] [--by-tensor]
 """
 
 from __future__ import annotations
@@ -42,8 +43,11 @@ def job_terms(job: Path, data_dir: str | None = None, refit: bool = False) -> di
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
         *_, la, terms = final_laplace(job, data_dir)
         n_params = la.n_params
+        with torch.no_grad():
+            by_tensor = {name: (int(p.numel()), float(v))
+                         for (name, v), p in zip(la.log_det_ratio_by_tensor().items(), la.params)}
     else:
-        terms, n_params = metrics, None
+        terms, n_params, by_tensor = metrics, None, None
     data = cfg.data.get("name") or str(cfg.data.get("_target_", "?")).rsplit(".", 1)[-1]
     model = cfg.model.get("name") or str(cfg.model.get("_target_", "?")).rsplit(".", 1)[-1]
     if "widths" in cfg.model:
@@ -52,7 +56,7 @@ def job_terms(job: Path, data_dir: str | None = None, refit: bool = False) -> di
             **{k.split("/")[1]: terms[k] for k in TERMS},
             "occam": -0.5 * (terms["laplace/log_det_ratio"] + terms["laplace/scatter"]),
             "test_acc": metrics.get("test/map/acc"), "test_la_nll": metrics.get("test/la/nll"),
-            "source": "recorded" if recorded and not refit else "refit"}
+            "source": "recorded" if recorded and not refit else "refit", "by_tensor": by_tensor}
 
 
 def markdown(rows: list[dict]) -> str:
@@ -68,19 +72,34 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def by_tensor_markdown(rows: list[dict]) -> str:
+    """The refitted jobs' log det ratio per parameter tensor: which layers carry the Occam term."""
+    lines = ["| data | model | seed | tensor | size | log det ratio | share of the job's |", "|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["data"], r["seed"], -r["log_marglik"])):
+        for name, (size, value) in (r["by_tensor"] or {}).items():
+            lines.append(f"| {r['data']} | {r['model']} | {r['seed']} | {name} | {size} | {value:.1f} | "
+                         f"{value / r['log_det_ratio']:.3f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("jobs", type=Path, nargs="+", help="folders of finished online_kron jobs")
     parser.add_argument("--data-dir", default=os.environ.get("LAPLACE_LAB_DATA_DIR"),
                         help="data folder (default: LAPLACE_LAB_DATA_DIR, else the job's paths.data_dir)")
     parser.add_argument("--refit", action="store_true", help="refit even where metrics.json records the terms")
+    parser.add_argument("--by-tensor", action="store_true",
+                        help="refit and also print the log det ratio per parameter tensor (kron / diag jobs)")
     args = parser.parse_args()
     finished = [job for job in args.jobs if (job / "metrics.json").is_file()]
     for job in sorted(set(args.jobs) - set(finished)):
         print(f"skipped {job}: not finished (no metrics.json)", file=sys.stderr)
     if not finished:
         raise SystemExit("no finished job among the folders given")
-    print(markdown([job_terms(job, args.data_dir, args.refit) for job in finished]))
+    rows = [job_terms(job, args.data_dir, args.refit or args.by_tensor) for job in finished]
+    print(markdown(rows))
+    if args.by_tensor:
+        print("\n" + by_tensor_markdown(rows))
 
 
 if __name__ == "__main__":

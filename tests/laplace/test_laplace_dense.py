@@ -216,6 +216,19 @@ def test_logdet_and_marglik_against_dense(structure, prior_structure, lik):
     torch.testing.assert_close(terms["log_det_ratio"], torch.linalg.slogdet(P)[1] - prior_diag.log().sum(),
                                rtol=1e-10, atol=1e-9)
     torch.testing.assert_close(terms["scatter"], la.mean @ (prior_diag * la.mean), rtol=1e-10, atol=1e-9)
+    # the log det ratio split by parameter tensor: the dense diagonal blocks' (kron, diag); full couples them
+    if structure == "full":
+        with pytest.raises(ValueError, match=r"hessian_structure='full' couples.*split: \[.*'diag'.*'kron'"):
+            la.log_det_ratio_by_tensor()
+    else:
+        by_tensor, i = la.log_det_ratio_by_tensor(), 0
+        assert list(by_tensor) == [n for n, _ in model.named_parameters()]
+        for name, p in model.named_parameters():
+            block = slice(i, i + p.numel())
+            ref_block = torch.linalg.slogdet(P[block, block])[1] - prior_diag[block].log().sum()
+            torch.testing.assert_close(by_tensor[name], ref_block, rtol=1e-10, atol=1e-9)
+            i += p.numel()
+        torch.testing.assert_close(sum(by_tensor.values()), terms["log_det_ratio"], rtol=1e-12, atol=1e-9)
     # posterior queries against the dense covariance
     Sigma = torch.linalg.inv(P)
     torch.testing.assert_close(la.posterior_variance, Sigma.diagonal(), rtol=1e-8, atol=1e-12)

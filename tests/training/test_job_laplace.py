@@ -48,6 +48,10 @@ def test_marglik_terms_script_recorded_and_refit(job, monkeypatch, capsys):
     assert recorded["occam"] < 0 < recorded["log_det_ratio"] and math.isfinite(recorded["log_lik"])
     assert recorded["test_acc"] is None  # evaluation=none: no test metrics, a dash in the table
     table = script.markdown([recorded, refit])
+    assert recorded["by_tensor"] is None and list(refit["by_tensor"]) == ["1.weight", "1.bias", "3.weight", "3.bias"]
+    assert sum(v for _, v in refit["by_tensor"].values()) == pytest.approx(refit["log_det_ratio"], rel=1e-5)
+    split = script.by_tensor_markdown([refit])
+    assert split.count("\n") == 5 and "| Toy2DDataModule | MLP [8] | 0 | 1.weight | 16 |" in split
     monkeypatch.setattr(sys, "argv", ["marglik_terms.py", str(job / "checkpoints")])  # not a finished job
     with pytest.raises(SystemExit, match="no finished job"):
         script.main()

@@ -30,7 +30,7 @@ from laplace_lab.laplace.options import (
     check_choice,
 )
 from laplace_lab.laplace.priors import PRIOR_STRUCTURES, Prior, infer_structure
-from laplace_lab.laplace.structures import STRUCTURES
+from laplace_lab.laplace.structures import STRUCTURES, Structure
 from laplace_lab.laplace.subset import SUBSETS, select
 
 _CONFIG_KEYS = ("likelihood", "subset_of_weights", "hessian_structure", "curvature",
@@ -507,6 +507,20 @@ class Laplace:
     def log_det_ratio(self) -> torch.Tensor:
         """log|posterior precision| - log|prior precision| (the Occam factor's determinant; laplace-torch's name)."""
         return self.log_det_posterior_precision - self.log_det_prior_precision
+
+    def log_det_ratio_by_tensor(self) -> dict[str, torch.Tensor]:
+        """``log_det_ratio`` split by parameter tensor: ``{parameter name: 0-dim}``, summing to it, for
+        structures whose posterior precision is block-diagonal over the tensors (kron, diag): which
+        layers carry the Occam term."""
+        self._check_fitted()
+        parts = self._structure.logdet_by_tensor(self._H_factor, self._structure_prior)
+        if parts is None:
+            split = [n for n, cls in STRUCTURES.items() if cls.logdet_by_tensor is not Structure.logdet_by_tensor]
+            raise ValueError(f"hessian_structure={self.hessian_structure!r} couples the parameter tensors, so its "
+                             f"log det does not split by tensor; structures that split: {split}")
+        prior = torch.stack([x.log().sum() for x in self.prior_precision_diag.split(self._structure.sizes)])
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        return {names[id(p)]: v for p, v in zip(self.params, parts - prior)}  # self.params: the structure's order
 
     def log_marginal_likelihood(self, prior_precision=None, sigma_noise=None) -> torch.Tensor:
         """0-dim Laplace evidence; setting ``prior_precision`` / ``sigma_noise`` (kept as

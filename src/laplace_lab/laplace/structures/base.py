@@ -83,6 +83,11 @@ class Structure:
         """``log det (c H + diag(prior))``, differentiable in ``c`` and ``prior``."""
         raise NotImplementedError
 
+    def logdet_by_tensor(self, c: torch.Tensor, prior: torch.Tensor) -> torch.Tensor | None:
+        """``[L]``: ``logdet`` split by parameter tensor (they sum to it) where the posterior precision
+        is block-diagonal over the tensors; ``None`` where it couples them (the default)."""
+        return None
+
     def sample(self, n: int, c, prior, generator=None) -> torch.Tensor:
         """``[n, P]`` zero-mean draws from ``N(0, (c H + diag(prior))^{-1})``."""
         raise NotImplementedError

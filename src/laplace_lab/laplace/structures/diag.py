@@ -58,6 +58,9 @@ class DiagStructure(Structure):
     def logdet(self, c, prior):
         return self.precision(c, prior).log().sum()
 
+    def logdet_by_tensor(self, c, prior):
+        return torch.stack([x.log().sum() for x in self.precision(c, prior).split(self.sizes)])
+
     def sample(self, n, c, prior, generator=None):
         return self.randn(n, self.n_params, generator=generator) * self.precision(c, prior).rsqrt()
 

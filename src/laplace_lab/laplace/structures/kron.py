@@ -225,7 +225,10 @@ class KronStructure(Structure):
         return per_layer(prior, self.sizes)
 
     def logdet(self, c, prior):
-        return sum(b.eigvals(c, d).log().sum() for b, d in zip(self.blocks, self.deltas(prior)))
+        return self.logdet_by_tensor(c, prior).sum()
+
+    def logdet_by_tensor(self, c, prior):
+        return torch.stack([b.eigvals(c, d).log().sum() for b, d in zip(self.blocks, self.deltas(prior))])
 
     def _map(self, X, c, prior, power):
         """``(c H + delta)^power X`` for ``X`` [..., P]."""
