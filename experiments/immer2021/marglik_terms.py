@@ -44,8 +44,8 @@ def job_terms(job: Path, data_dir: str | None = None, refit: bool = False) -> di
         *_, la, terms = final_laplace(job, data_dir)
         n_params = la.n_params
         with torch.no_grad():
-            by_tensor = {name: (int(p.numel()), float(v))
-                         for (name, v), p in zip(la.log_det_ratio_by_tensor().items(), la.params)}
+            by_tensor = {name: (la.model.get_parameter(name).numel(), float(v))
+                         for name, v in la.log_det_ratio_by_tensor().items()}
     else:
         terms, n_params, by_tensor = metrics, None, None
     data = cfg.data.get("name") or str(cfg.data.get("_target_", "?")).rsplit(".", 1)[-1]

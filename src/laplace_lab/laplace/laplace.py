@@ -531,7 +531,11 @@ class Laplace:
             if self.likelihood != "regression":
                 raise ValueError("sigma_noise can only be set for likelihood='regression'")
             self.sigma_noise = sigma_noise
-        terms = self.log_marginal_likelihood_terms()
+        return self.log_marginal_likelihood_from_terms(self.log_marginal_likelihood_terms())
+
+    @staticmethod
+    def log_marginal_likelihood_from_terms(terms: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The evidence from ``log_marginal_likelihood_terms()`` (for callers that record both: one log det)."""
         return terms["log_lik"] - 0.5 * (terms["log_det_ratio"] + terms["scatter"])
 
     def log_marginal_likelihood_terms(self) -> dict[str, torch.Tensor]:

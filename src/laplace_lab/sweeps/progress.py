@@ -6,8 +6,9 @@ Every folder under the given ones that holds a ``status.json`` is a job. Its lin
 state (``finished``, ``failed``, ``running`` while its process is alive on this host, ``cut off``
 when the process that marked it running is gone), the epoch its newest ``last.ckpt`` saved out of
 ``trainer.max_epochs`` (``map_grid``: per grid point, ``grid_<delta>/checkpoints``), and its wall
-time (a resumed job's includes the training seconds of its launches before the resume). A cut-off job with a checkpoint continues from that epoch when its launch command runs
-again with ``checkpoint.resume_from=last``; one without restarts from its first epoch.
+time (a resumed job's includes the training seconds of its launches before the resume). A cut-off
+job with a checkpoint continues from that epoch when its launch command runs again with
+``checkpoint.resume_from=last``; one without restarts from its first epoch.
 """
 
 from __future__ import annotations
