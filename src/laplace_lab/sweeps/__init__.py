@@ -7,6 +7,8 @@
 - ``run_only``: the one list of run-only config keys (kept out of folder names and hashes).
 - ``lock``: one launch at a time per sweep folder.
 - ``devices``: the ``trainer=gpu`` check and the devices a job records in ``status.json``.
+- ``progress``: each job's state and saved epochs; ``records``: finished jobs saved without
+  machine paths and restored on another machine, so a sweep can span machines.
 
 Importing the package registers the OmegaConf resolvers the Hydra configs use
 (``lab_job_subdir``, ``lab_gpus_per_job``); ``laplace_lab.train`` imports it.
