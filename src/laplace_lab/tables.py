@@ -337,9 +337,11 @@ def reconstruct_command(runs: list[Run]) -> str:
 
 def provenance(runs: list[Run], sweep_dirs: list[Path], seed_keys: tuple[str, ...],
                launches: dict[Path, dict[str, Any]] | None = None, problems: list[str] = (),
-               preset: str | None = None) -> dict[str, Any]:
+               preset: str | None = None, launch_issues: list[str] = ()) -> dict[str, Any]:
     """Commit(s), command(s), seeds, hardware and wall time of the runs (what the table header
-    shows); paths relative to the launch folder or the repository, never absolute."""
+    shows); paths relative to the launch folder or the repository, never absolute. ``problems``:
+    why the jobs are not one clean commit containing the preset; ``launch_issues``: why they are
+    not one launch (jobs of one clean commit may come from several commands)."""
     launches = launches if launches is not None else run_launches(runs, sweep_dirs)
     commits = sorted({run_commit(r) for r in runs})
     dirty = sorted({str((r.status.get("git") or {}).get("dirty")) for r in runs if r.status.get("git")})
@@ -366,7 +368,8 @@ def provenance(runs: list[Run], sweep_dirs: list[Path], seed_keys: tuple[str, ..
     seeds = {k: sorted({r.value(k) for r in runs if r.value(k) != MISSING}, key=_natural) for k in seed_keys}
     finite = [w for w, _ in walls if math.isfinite(w)]
     return {
-        "commits": commits, "dirty": dirty, "problems": list(problems), "preset": preset,
+        "commits": commits, "dirty": dirty, "problems": list(problems), "launch_issues": list(launch_issues),
+        "preset": preset,
         "commands": commands, "command_source": command_source,
         "seeds": {k: v for k, v in seeds.items() if v}, "hardware": [json.loads(h) for h in sorted(hw)],
         "hardware_source": hardware_source,
@@ -403,14 +406,18 @@ def _hardware_text(h: dict[str, Any]) -> str:
 def provenance_lines(name: str, prov: dict[str, Any]) -> list[str]:
     w = prov["wall_time_s"]
     seeds = "; ".join(f"{k}: {', '.join(v)}" for k, v in prov["seeds"].items()) or "none"
+    launch_issues = prov.get("launch_issues") or []
     if prov["problems"]:
         commit = [f"commit: {', '.join(prov['commits'])} (dirty: {', '.join(prov['dirty']) or 'unknown'})",
-                  "provenance: NOT ONE CLEAN COMMIT / LAUNCH (the commit of each row is in its `commits` column): "
-                  + "; ".join(prov["problems"])]
+                  "provenance: NOT ONE CLEAN COMMIT (the commit of each row is in its `commits` column): "
+                  + "; ".join(prov["problems"] + launch_issues)]
     else:
         contains = f"; contains conf/experiment/{prov['preset']}.yaml" if prov.get("preset") else ""
         commit = [f"commit: {', '.join(prov['commits'])} (dirty: False)",
                   f"clean at job start: no modified, untracked or ignored package files{contains}"]
+        if launch_issues:
+            commit.append("launches: one clean commit, several launch commands (written with --allow-mixed-launches): "
+                          + "; ".join(launch_issues))
     return [
         f"table: {name}",
         *commit,
@@ -589,7 +596,7 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     nonfinite = nonfinite_values(runs, names)
     for path, metric, value in nonfinite:
         log.warning("Non-finite %s = %s in %s: left out of table %s", metric, value, path, name)
-    prov = provenance(runs, dirs, seeds, launches, commit_issues + launch_issues, preset)
+    prov = provenance(runs, dirs, seeds, launches, commit_issues, preset, launch_issues)
     out.mkdir(parents=True, exist_ok=True)
     md, csv_path, jobs_path = out / f"{name}.md", out / f"{name}.csv", out / f"{name}.jobs.csv"
     copied = copy_figures(runs, keys, list(figures or ()), seeds, out / f"{name}_figures")

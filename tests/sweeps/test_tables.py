@@ -243,7 +243,7 @@ def test_refuses_jobs_from_two_commits_unless_allow_mixed(sweep, tmp_path, repo)
     assert not (tmp_path / "r").exists()  # nothing written
     md, csv_path, _ = tables.aggregate([sweep], "toy", preset="toy", results_dir=tmp_path / "r", allow_mixed=True)
     text = md.read_text()
-    assert "- provenance: NOT ONE CLEAN COMMIT / LAUNCH" in text and "the jobs come from 2 commits" in text
+    assert "- provenance: NOT ONE CLEAN COMMIT" in text and "the jobs come from 2 commits" in text
     table = [line for line in text.splitlines() if line.startswith("| ")]
     assert table[0].startswith("| model | curvature | n | commits |")
     rows = {r["model"]: r["commits"] for r in read_csv(csv_path)}
@@ -322,7 +322,9 @@ def test_refuses_jobs_of_different_launch_commands(sweep, tmp_path):
                                                       r"\[x=2\] \(1 jobs\).*--allow-mixed-launches"):
         tables.aggregate([sweep], "mixed", results_dir=tmp_path / "r")
     md, *_ = tables.aggregate([sweep], "mixed", results_dir=tmp_path / "r", allow_mixed_launches=True)
-    assert "launched by 2 different commands" in md.read_text()
+    text = md.read_text()  # one clean commit: the header says so, and names the launches apart
+    assert "- launches: one clean commit, several launch commands" in text and "launched by 2 different commands" in text
+    assert "NOT ONE CLEAN COMMIT" not in text and "clean at job start" in text and "| commits |" not in text
 
 
 # --- the jobs CSV, where tables go, no machine paths ------------------------------------------------------
