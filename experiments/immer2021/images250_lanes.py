@@ -42,13 +42,18 @@ def lane_jobs(data: str) -> list[list[str]]:
     return jobs
 
 
+def job_command(overrides: list[str], root: Path, python: str = sys.executable) -> list[str]:
+    """The command line of one job, its outputs under ``root``."""
+    return [python, "-m", "laplace_lab.train", *overrides, f"paths.output_root={root}"]
+
+
 def run_lane(data: str, checkout: Path, root: Path) -> None:
     logs = root / "lanes"
     logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(checkout / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     for i, overrides in enumerate(lane_jobs(data), 1):
-        cmd = [sys.executable, "-m", "laplace_lab.train", *overrides, f"paths.output_root={root}"]
+        cmd = job_command(overrides, root)
         with open(logs / f"{data}.lane", "a") as lane_log:
             lane_log.write(f"{time.strftime('%FT%T%z')} start {i} {shlex.join(cmd[1:])}\n")
         with open(logs / f"{data}.{i}.log", "w") as out:
@@ -71,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.print:
         for data in sets:
             for overrides in lane_jobs(data):
-                print(shlex.join(["python", "-m", "laplace_lab.train", *overrides, f"paths.output_root={root}"]))
+                print(shlex.join(job_command(overrides, root, python="python")))
         return 0
     lanes = [threading.Thread(target=run_lane, args=(data, checkout, root)) for data in sets]
     for lane in lanes:

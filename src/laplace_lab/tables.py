@@ -406,7 +406,7 @@ def _hardware_text(h: dict[str, Any]) -> str:
 def provenance_lines(name: str, prov: dict[str, Any]) -> list[str]:
     w = prov["wall_time_s"]
     seeds = "; ".join(f"{k}: {', '.join(v)}" for k, v in prov["seeds"].items()) or "none"
-    launch_issues = prov.get("launch_issues") or []
+    launch_issues = prov["launch_issues"]
     if prov["problems"]:
         commit = [f"commit: {', '.join(prov['commits'])} (dirty: {', '.join(prov['dirty']) or 'unknown'})",
                   "provenance: NOT ONE CLEAN COMMIT (the commit of each row is in its `commits` column): "

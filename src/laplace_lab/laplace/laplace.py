@@ -29,7 +29,12 @@ from laplace_lab.laplace.options import (
     TuningMethod,
     check_choice,
 )
-from laplace_lab.laplace.priors import PRIOR_STRUCTURES, Prior, infer_structure
+from laplace_lab.laplace.priors import (
+    PRIOR_STRUCTURES,
+    Prior,
+    infer_structure,
+    logdet_diag_by_tensor,
+)
 from laplace_lab.laplace.structures import STRUCTURES, Structure
 from laplace_lab.laplace.subset import SUBSETS, select
 
@@ -518,7 +523,7 @@ class Laplace:
             split = [n for n, cls in STRUCTURES.items() if cls.logdet_by_tensor is not Structure.logdet_by_tensor]
             raise ValueError(f"hessian_structure={self.hessian_structure!r} couples the parameter tensors, so its "
                              f"log det does not split by tensor; structures that split: {split}")
-        prior = torch.stack([x.log().sum() for x in self.prior_precision_diag.split(self._structure.sizes)])
+        prior = logdet_diag_by_tensor(self.prior_precision_diag, self._structure.sizes)
         names = {id(p): n for n, p in self.model.named_parameters()}
         return {names[id(p)]: v for p, v in zip(self.params, parts - prior)}  # self.params: the structure's order
 

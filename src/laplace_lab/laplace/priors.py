@@ -38,6 +38,11 @@ def per_layer(prior: torch.Tensor, sizes: list[int]) -> torch.Tensor:
     return prior.expand(len(sizes)) if prior.numel() == 1 else prior
 
 
+def logdet_diag_by_tensor(diag: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """``[L]``: the log det of a ``[P]`` diagonal precision, summed over each parameter tensor's entries."""
+    return torch.stack([x.log().sum() for x in diag.split(sizes)])
+
+
 def to_diag(prior: torch.Tensor, sizes: list[int]) -> torch.Tensor:
     """``[P]`` per-parameter precisions from a scalar, layerwise or diagonal prior."""
     if prior.numel() == 1:

@@ -1,7 +1,7 @@
 """Job records: carry a sweep's finished jobs across machines that do not keep ``outputs/``.
 
-    python -m laplace_lab.sweeps.records save outputs/images250 results/sweeps/images250
-    python -m laplace_lab.sweeps.records restore results/sweeps/images250 outputs/images250
+    python -m laplace_lab.sweeps.records save outputs/images250 results/sweeps
+    python -m laplace_lab.sweeps.records restore results/sweeps outputs/images250
 
 ``save`` copies every *finished* job (``status.is_finished``) under the source folder, keeping its
 path relative to that folder, with the text files that ``laplace_lab.tables`` and an audit need
@@ -9,8 +9,9 @@ path relative to that folder, with the text files that ``laplace_lab.tables`` an
 training curve) and its multirun folder's ``launches.jsonl`` / ``multirun.yaml`` / ``summary.json``.
 Checkpoints, logs and figures stay behind. The machine's absolute paths in those files (the
 checkout whose ``conf/`` the job ran, the folder it ran from, its data and output roots) are
-replaced by ``<repo>``, ``<cwd>``, ``<data_dir>`` and ``<output_root>``, so a record names no path of the machine that ran it; the paths are
-run-only keys, so neither the job's folder name nor its ``config_hash`` depends on them.
+replaced by ``<repo>``, ``<cwd>``, ``<data_dir>`` and ``<output_root>``, so a record names no
+path of the machine that ran it; the paths are run-only keys, so neither the job's folder name
+nor its ``config_hash`` depends on them.
 
 ``restore`` copies records back under an output root, never over an existing file. Relaunching
 the sweep's commands with that output root then skips the restored jobs (finished, same config
@@ -84,17 +85,19 @@ def save(source: Path, dest: Path) -> list[Path]:
     if not source.is_dir():
         raise FileNotFoundError(f"source folder {source} does not exist")
     jobs = finished_jobs(source)
+    sweep_dirs = set()
     for job in jobs:
-        roots = machine_roots(job)
-        sweep_dir = job.parent
-        copies = [(job / rel, dest / job.relative_to(source) / rel) for rel in record_files(job)]
-        copies += [(sweep_dir / name, dest / sweep_dir.relative_to(source) / name)
-                   for name in SWEEP_FILES if (sweep_dir / name).is_file()]
-        for src, dst in copies:
+        roots = machine_roots(job)  # a multirun's files name the roots of its jobs
+        files = [job / rel for rel in record_files(job)]
+        if job.parent not in sweep_dirs:
+            sweep_dirs.add(job.parent)
+            files += [job.parent / name for name in SWEEP_FILES if (job.parent / name).is_file()]
+        for src in files:
             text = scrub(src.read_text(), roots)
             left = [root for root in roots.values() if root in text]
             if left:
                 raise ValueError(f"{src}: machine path(s) {left} left after scrubbing")
+            dst = dest / src.relative_to(source)
             dst.parent.mkdir(parents=True, exist_ok=True)
             dst.write_text(text)
     return jobs

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from laplace_lab.laplace.modules import diag_sq
-from laplace_lab.laplace.priors import to_diag
+from laplace_lab.laplace.priors import logdet_diag_by_tensor, to_diag
 from laplace_lab.laplace.structures.base import Structure, register
 
 
@@ -59,7 +59,7 @@ class DiagStructure(Structure):
         return self.precision(c, prior).log().sum()
 
     def logdet_by_tensor(self, c, prior):
-        return torch.stack([x.log().sum() for x in self.precision(c, prior).split(self.sizes)])
+        return logdet_diag_by_tensor(self.precision(c, prior), self.sizes)
 
     def sample(self, n, c, prior, generator=None):
         return self.randn(n, self.n_params, generator=generator) * self.precision(c, prior).rsqrt()
