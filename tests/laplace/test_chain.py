@@ -129,6 +129,21 @@ def test_chain_inplace_relu_and_frozen_first_layer():
     torch.testing.assert_close(curvature_of(b), curvature_of(a), rtol=1e-10, atol=1e-12)
 
 
+def test_chain_sees_weights_changed_through_data():
+    """Weights changed between fits through ``.data`` (which leaves the version counter as it is)
+    give the new weights' curvature: the convs' blocked weights live for one pass only."""
+    X, y = images(8, 1, 14, 14), targets("classification", 8, 3)
+    model = lenet_small()
+    fit(model, X, y, True, hessian_structure="diag")
+    g = torch.Generator().manual_seed(7)
+    for conv in (model[0], model[3]):
+        conv.weight.data.copy_(torch.randn(conv.weight.shape, generator=g, dtype=torch.float64))
+    ref = fit(model, X, y, False, hessian_structure="diag")
+    la = fit(model, X, y, True, hessian_structure="diag")
+    torch.testing.assert_close(la.H, ref.H, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(la.loss, ref.loss, rtol=1e-12, atol=0)
+
+
 def test_chain_rejects_unsupported_models():
     conv = nn.Conv2d(1, 2, 3)
     assert Chain.build(nn.Sequential(conv, nn.BatchNorm2d(2)), [conv]) is None  # module with params

@@ -124,6 +124,10 @@ class Chain:
         pos = {id(m): i for i, m in enumerate(leaves)}
         self.entry_pos = [pos[id(m)] for m in entry_modules]
         self.first = min(self.entry_pos)
+        # leaf index -> (copy of its conv weight, that weight in space-to-depth form): reused while
+        # the weight equals the copy. Compared by value, since neither the version counter
+        # (``w.data.copy_`` leaves it as it is) nor id / address (reused once freed) tells a change.
+        self._s2d_weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
     def build(cls, model: nn.Module, entry_modules: list[nn.Module], block_order_ok: bool = False) -> Chain | None:
@@ -163,7 +167,7 @@ class Chain:
             elif k == "conv" and self._s2d_forward_ok(i, x):
                 # conv -> [ReLU] -> 2x2 max-pool on 2x2 blocks: the pool is a max over 4 contiguous slabs
                 j = i + 1 if kinds[i + 1] == "pool" else i + 2
-                z, pooled, idx = _conv_pool_s2d(m, x)
+                z, pooled, idx = _conv_pool_s2d(m, x, self._s2d_weight_of(i))
                 calls[i] = Call((x,), {}, None, output_fn=z, out_shape=torch.Size((x.shape[0], m.out_channels,
                                                                                    x.shape[2] - m.kernel_size[0] + 1,
                                                                                    x.shape[3] - m.kernel_size[1] + 1)))
@@ -218,6 +222,16 @@ class Chain:
         self._calls = calls
         records = [Record(m, [calls[p]]) for m, p in zip(self.entry_modules, self.entry_pos)]
         return x, records
+
+    def _s2d_weight_of(self, i: int) -> torch.Tensor:
+        """Leaf ``i``'s conv weight in space-to-depth form (``_s2d_weight``), recomputed when the
+        weight's value, dtype or device differ from the last call's."""
+        w = self.leaves[i].weight.detach()
+        hit = self._s2d_weights.get(i)
+        if (hit is None or hit[0].dtype != w.dtype or hit[0].device != w.device or hit[0].shape != w.shape
+                or not torch.equal(hit[0], w)):
+            hit = self._s2d_weights[i] = (w.clone(), _s2d_weight(w))
+        return hit[1]
 
     def _s2d_forward_ok(self, i: int, x: torch.Tensor) -> bool:
         """Conv ``i`` (few output channels) -> [ReLU] -> 2x2 / 2 max-pool: ``_conv_pool_s2d``."""
@@ -298,7 +312,8 @@ class Chain:
                 continue
             if k == "conv" and g_s2d is not None:  # (its call got g or g_s2d above)
                 nxt = self.kinds[i - 1] == "pool" and self._state[i - 1] is not _FUSED
-                g, perm = _conv_backward_s2d(self.leaves[i], self._state[i], g_s2d, K, N, keep_order=nxt)
+                g, perm = _conv_backward_s2d(self.leaves[i], self._state[i], g_s2d, K, N, keep_order=nxt,
+                                             w_s2d=self._s2d_weight_of(i))
                 g_s2d = None
                 continue
             g = self._backward_one(i, g, K, N)
@@ -353,20 +368,21 @@ def _first_max_idx(parts, pooled, idx, offs):
 
 
 # ------------------------------------------------------------------ space-to-depth convolutions
-def _conv_pool_s2d(m: nn.Conv2d, x: torch.Tensor):
+def _conv_pool_s2d(m: nn.Conv2d, x: torch.Tensor, w_s2d: torch.Tensor | None = None):
     """Stride-1 Conv2d followed by a 2x2 / 2 max-pool, on 2x2 space-to-depth blocks: the conv
     computes ``[N, C_out, 4, Ho/2, Wo/2]`` (block channels ``(c, ry, rx)``: ``4 C_out`` output
     channels instead of ``C_out``, which oneDNN pads to 16) and the pool is the maximum over the 4
     contiguous ``(ry, rx)`` slabs. Measured on LeNet's conv1 + pool1 (1 or 2 threads): ~0.7 vs
-    ~1.9 ms. Returns ``(z, pooled, idx)``: ``z()`` the conv output ``[N, C_out, Ho, Wo]`` (computed
-    on call), ``pooled`` ``[N, C_out, Ho/2, Wo/2]`` and ``idx`` as ``max_pool2d``'s indices."""
+    ~1.9 ms. ``w_s2d``: ``_s2d_weight(m.weight)`` when the caller holds it. Returns ``(z, pooled,
+    idx)``: ``z()`` the conv output ``[N, C_out, Ho, Wo]`` (computed on call), ``pooled``
+    ``[N, C_out, Ho/2, Wo/2]`` and ``idx`` as ``max_pool2d``'s indices."""
     N, C, H, W = x.shape
     kh, kw = m.kernel_size
     Ho, Wo = H - kh + 1, W - kw + 1
     xs = x.reshape(N, C, H // 2, 2, W // 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(N, 4 * C, H // 2, W // 2)
     # the same blocked weight as the transposed conv's, read as Wf[(o, ry, rx), (c, qy, qx), ty, tx]
     # = w[o, c, 2 ty + qy - ry, 2 tx + qx - rx]; the bias repeated over (ry, rx)
-    w = _s2d_weight(m.weight)
+    w = _s2d_weight(m.weight) if w_s2d is None else w_s2d
     b = None if m.bias is None else m.bias.detach().repeat_interleave(4)
     zs = F.conv2d(xs, w, b)[:, :, :Ho // 2, :Wo // 2].reshape(N, m.out_channels, 4, Ho // 2, Wo // 2)
     parts = zs.unbind(2)
@@ -391,22 +407,7 @@ def _s2d_ok(m: nn.Conv2d, x_shape) -> bool:
             and H >= kh and W >= kw)
 
 
-_S2D_WEIGHTS: dict = {}
-
-
 def _s2d_weight(w: torch.Tensor) -> torch.Tensor:
-    """``_s2d_weight_uncached(w)``, cached while ``w`` is unchanged (its version counter)."""
-    key = (id(w), w.data_ptr(), w._version, w.dtype, w.device)
-    hit = _S2D_WEIGHTS.get(id(w))
-    if hit is None or hit[0] != key:
-        if len(_S2D_WEIGHTS) > 64:
-            _S2D_WEIGHTS.clear()
-        hit = (key, _s2d_weight_uncached(w.detach()))
-        _S2D_WEIGHTS[id(w)] = hit
-    return hit[1]
-
-
-def _s2d_weight_uncached(w: torch.Tensor) -> torch.Tensor:
     """Conv weight in space-to-depth form (2x2 blocks): ``[C_out 4, C_in 4, T_h, T_w]``,
     ``T = k // 2 + 1``, with ``Ws[(o, qy, qx), (i, ry, rx), ty, tx] = w[o, i, 2 ty + ry - qy,
     2 tx + rx - qx]`` (zero outside the kernel). The transposed conv of ``_conv_backward_s2d`` uses
@@ -414,7 +415,7 @@ def _s2d_weight_uncached(w: torch.Tensor) -> torch.Tensor:
     ``q`` and ``r`` swapped."""
     Co, Ci, kh, kw = w.shape
     Th, Tw = kh // 2 + 1, kw // 2 + 1
-    wp = F.pad(w, (1, 1, 1, 1))  # tap -1 and tap k (index shift +1) read zeros
+    wp = F.pad(w.detach(), (1, 1, 1, 1))  # tap -1 and tap k (index shift +1) read zeros
     q = torch.arange(2, device=w.device)
     iy = (2 * torch.arange(Th, device=w.device)[None, None, :] + q[None, :, None] - q[:, None, None] + 1)
     ix = (2 * torch.arange(Tw, device=w.device)[None, None, :] + q[None, :, None] - q[:, None, None] + 1)
@@ -447,12 +448,14 @@ def _slot_onehot(idx: torch.Tensor, W: int, dtype) -> torch.Tensor:
     return torch.stack([off == o for o in (0, 1, W, W + 1)], 2).to(dtype)
 
 
-def _conv_backward_s2d(m: nn.Conv2d, x_shape, g_s2d: torch.Tensor, K: int, N: int, keep_order: bool):
+def _conv_backward_s2d(m: nn.Conv2d, x_shape, g_s2d: torch.Tensor, K: int, N: int, keep_order: bool,
+                       w_s2d: torch.Tensor | None = None):
     """``conv_transpose2d`` through a stride-1 Conv2d of its output gradient given in 2x2-block
     order (``g_s2d`` ``[N, K, C_out, 4, Ho Wo / 4]``, ``(qy, qx, a, b)``), computed on the blocks:
     ``C_in 4`` output channels instead of ``C_in``. oneDNN pads output channels to 16, so with
     LeNet's conv2 (``C_in = 6``) the plain transposed conv wastes ~60% of its work; the blocked one
-    (1.44x the multiply-adds, 24 of 32 channels used) measured ~1.35x faster (1 thread). Returns
+    (1.44x the multiply-adds, 24 of 32 channels used) measured ~1.35x faster (1 thread). ``w_s2d``:
+    ``_s2d_weight(m.weight)`` when the caller holds it. Returns
     ``(grad, perm)``: with ``keep_order`` the grad stays in block order ``[N, K, C_in, H W]``
     (flat positions ``_s2d_perm(H, W)``) and ``perm = (H, W)`` (for a following max-pool's
     backward, which only needs its indices in the same order), else ``[N, K, C_in, H, W]`` and
@@ -461,7 +464,8 @@ def _conv_backward_s2d(m: nn.Conv2d, x_shape, g_s2d: torch.Tensor, K: int, N: in
     kh, kw = m.kernel_size
     Ho, Wo = H - kh + 1, W - kw + 1
     C_out = g_s2d.shape[2]
-    o = F.conv_transpose2d(g_s2d.reshape(N * K, C_out * 4, Ho // 2, Wo // 2), _s2d_weight(m.weight))
+    w = _s2d_weight(m.weight) if w_s2d is None else w_s2d
+    o = F.conv_transpose2d(g_s2d.reshape(N * K, C_out * 4, Ho // 2, Wo // 2), w)
     if keep_order:
         return o.view(N, K, C_in, H * W), (H, W)
     o = o.view(N, K, C_in, 2, 2, H // 2, W // 2).permute(0, 1, 2, 5, 3, 6, 4)
