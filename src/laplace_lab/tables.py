@@ -89,6 +89,7 @@ log = logging.getLogger(__name__)
 DEVICE_PREFIX = "devices."
 DEFAULT_SEED_KEYS = ("seed", "data.split")
 MISSING = "-"
+ABSENT_METRICS = ("error", "omit")  # what aggregate does with a metric no run has
 COMMITTED_RESULTS = REPO_ROOT / "results"  # only --commit-results writes here
 EXPERIMENTS_DIR = REPO_ROOT / "experiments"
 
@@ -458,6 +459,13 @@ def problems_markdown(loaded: Loaded, nonfinite: list[tuple[Path, str, float]], 
     return lines
 
 
+def absent_markdown(absent: list[str]) -> list[str]:
+    """The section naming the asked-for metrics that no run has (none when there are none)."""
+    if not absent:
+        return []
+    return ["", "## Metrics left out (in no run's metrics.json)", "", ", ".join(f"`{m}`" for m in absent)]
+
+
 def to_markdown(name: str, rows: list[dict[str, Any]], group_by: list[str], metrics: list[str],
                 prov: dict[str, Any]) -> str:
     """The header and the results table (the sections below it come from ``aggregate``)."""
@@ -542,7 +550,8 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
               results_dir: str | Path | None = None, figures: list[str] | None = None,
               model_selection: dict[str, Any] | None = None, preset: str | None = None,
               reference: str | Path | None = None, commit_results: bool = False, allow_mixed: bool = False,
-              allow_mixed_launches: bool = False, launch_id: str | None = None) -> list[Path]:
+              allow_mixed_launches: bool = False, launch_id: str | None = None,
+              absent_metrics: str = "error") -> list[Path]:
     """Write ``<name>.md``, ``<name>.csv`` and ``<name>.jobs.csv`` from the finished runs; returns them.
 
     ``results_dir``: default the first sweep folder; ``commit_results`` writes into
@@ -553,7 +562,12 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     preset the jobs' commit must contain. Raises ``ProvenanceError`` (before writing) when the jobs
     are not from one clean commit (unless ``allow_mixed``) or one launch command (unless
     ``allow_mixed_launches``), or when a job appears twice. ``launch_id``: only that launch's jobs.
+    ``absent_metrics``: what a metric that no run has does: ``"error"`` (a ValueError naming the
+    metrics the runs have) or ``"omit"`` (left out of the table and named under it: a partial sweep,
+    e.g. one data set of a preset whose metrics cover two).
     """
+    if absent_metrics not in ABSENT_METRICS:
+        raise ValueError(f"absent_metrics={absent_metrics!r}; allowed: {list(ABSENT_METRICS)}")
     if model_selection is not None:
         model_selection = validate_spec(model_selection)
     dirs = [Path(d) for d in sweep_dirs]
@@ -589,8 +603,11 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     selection_names = [model_selection["score"], *model_selection["targets"]] if model_selection else []
     add_derived([*names, *selection_names], [r.metrics for r in runs], [_relative(r.path, dirs) for r in runs])
     unknown = [m for m in names if not any(m in r.metrics for r in runs)]
-    if unknown:
+    if unknown and absent_metrics == "error":
         raise ValueError(f"metrics {unknown} are in no run's metrics.json; allowed: {default_metrics(runs)}")
+    if unknown:
+        log.warning("Metrics in no run's metrics.json, left out of table %s: %s", name, unknown)
+        names = [m for m in names if m not in unknown]
     rows = group_rows(runs, keys, names, seeds)
     verdict_lines = reference_markdown(references, preset, rows, keys) if references is not None else []
     nonfinite = nonfinite_values(runs, names)
@@ -600,7 +617,7 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     out.mkdir(parents=True, exist_ok=True)
     md, csv_path, jobs_path = out / f"{name}.md", out / f"{name}.csv", out / f"{name}.jobs.csv"
     copied = copy_figures(runs, keys, list(figures or ()), seeds, out / f"{name}_figures")
-    sections = [*verdict_lines, *problems_markdown(loaded, nonfinite, dirs)]
+    sections = [*verdict_lines, *problems_markdown(loaded, nonfinite, dirs), *absent_markdown(unknown)]
     if model_selection is not None:
         sections += selection_markdown(rank_candidates(runs, model_selection, seeds), model_selection)
     if copied:
@@ -622,7 +639,7 @@ def aggregate_sweep(sweep_dir: str | Path, spec: dict[str, Any], launch_id: str 
     results_dir = spec.pop("results_dir", None)
     out = Path(sweep_dir) if results_dir is None else Path(sweep_dir) / results_dir  # absolute stays absolute
     return aggregate([sweep_dir], results_dir=out, preset=preset, launch_id=launch_id, allow_mixed=True,
-                     allow_mixed_launches=True, **spec)
+                     allow_mixed_launches=True, absent_metrics="omit", **spec)
 
 
 def preset_file(preset: str) -> Path:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import statistics
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
 from laplace_lab.sweeps.resolvers import job_subdir
 from laplace_lab.sweeps.status import config_fingerprint, is_finished, read_status
@@ -141,3 +143,34 @@ def test_submitit_configs_compose_and_local_runs_a_job(tmp_path):
     (job,) = summary(sweep)["finished"]
     assert job == "data=toy2d,evaluation=none,seed=3,trainer=debug" and is_finished(sweep / job)
     assert read_status(sweep / job)["pid"] and (sweep / ".submitit").is_dir()
+
+
+def test_aggregation_leaves_out_metrics_no_job_of_the_launch_has(tmp_path):
+    # A preset may list metrics of runs this launch does not have (e.g. the OOD set of the other data
+    # set in a one-set launch): the end-of-multirun table leaves them out, names them, and exits 0.
+    results = tmp_path / "results"
+    proc, sweep = multirun(tmp_path, *TINY, "seed=0",
+                           f"+aggregate={{name:tiny,metrics:[val/nll,ood/absent/auroc],results_dir:'{results}'}}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    md = (results / "tiny.md").read_text()
+    assert "## Metrics left out (in no run's metrics.json)\n\n`ood/absent/auroc`" in md
+    assert "| val/nll |" in md and "ood/absent/auroc |" not in md
+
+
+def test_failed_aggregation_exits_1_and_says_the_jobs_are_fine(tmp_path, monkeypatch, caplog):
+    import laplace_lab.tables
+    from laplace_lab.sweeps.callback import SweepSummary
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("broken table")
+
+    monkeypatch.setattr(laplace_lab.tables, "aggregate_sweep", broken)
+    (tmp_path / "sweep").mkdir()
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}}})
+    callback = SweepSummary(aggregate={"name": "t"})
+    with pytest.raises(SystemExit) as exit_info, caplog.at_level(logging.ERROR):
+        callback.on_multirun_end(config)
+    assert exit_info.value.code == 1
+    assert "Aggregation of" in caplog.text and "RuntimeError: broken table" in caplog.text
+    assert "the table of" in caplog.text and "was not written" in caplog.text
+    assert "failed and" not in caplog.text  # no job failed: not the re-run message

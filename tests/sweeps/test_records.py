@@ -4,6 +4,7 @@ restored on another output root, and skipped by the relaunch there."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -56,6 +57,20 @@ def test_save_then_restore_elsewhere_and_the_relaunch_skips_them(tmp_path, monke
     before = {r.path.name: r.metrics for r in tables.load_runs([sweep]).runs}
     after = {r.path.name: r.metrics for r in tables.load_runs([sweep2]).runs}
     assert after == before and len(after) == 2
+
+    # A relaunch cut off before its jobs ran: the jobs are restored records (placeholders only; Hydra
+    # rewrote their .hydra/ files, so put the records' back), but the multirun's own files name the
+    # second machine's folders. Saving again scrubs those too.
+    for job in sweep2.iterdir():
+        if (job / ".hydra").is_dir():
+            shutil.rmtree(job / ".hydra")
+    records.restore(tmp_path / "records", second / "out")
+    assert str(second) in (sweep2 / "multirun.yaml").read_text()
+    assert len(records.save(second / "out", tmp_path / "records2")) == 2
+    files2 = [p for p in (tmp_path / "records2").rglob("*") if p.is_file()]
+    assert {"multirun.yaml", "launches.jsonl"} <= {p.name for p in files2}
+    for p in files2:
+        assert str(tmp_path) not in p.read_text(), p
 
 
 def test_missing_folders_are_errors(tmp_path):

@@ -166,6 +166,12 @@ def test_reconstructed_command_and_errors(sweep, tmp_path):
     assert "seed=0,1,2" in md.read_text()
     with pytest.raises(ValueError, match="in no run's metrics.json; allowed"):
         tables.aggregate([sweep], "bad", metrics=["test/nope"], results_dir=tmp_path)
+    md, csv_path, _ = tables.aggregate([sweep], "omit", metrics=["test/map/acc", "test/nope"], results_dir=tmp_path,
+                                       absent_metrics="omit")
+    assert "## Metrics left out (in no run's metrics.json)\n\n`test/nope`" in md.read_text()
+    assert "test/nope" not in csv_path.read_text()
+    with pytest.raises(ValueError, match="absent_metrics='drop'; allowed: \\['error', 'omit'\\]"):
+        tables.aggregate([sweep], "bad", metrics=["test/map/acc"], results_dir=tmp_path, absent_metrics="drop")
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no finished runs"):
         tables.aggregate([tmp_path / "empty"], "x", results_dir=tmp_path)

@@ -180,6 +180,11 @@ class SweepSummary(Callback):
                 log.info("Aggregated %s into %s", sweep_dir, ", ".join(map(str, paths)))
         if self.fail_on_error and (summary["failed"] or summary["unfinished"] or aggregation_failed):
             # Hydra turns exceptions raised by callbacks into warnings; SystemExit gets through.
-            log.error("%d failed and %d unfinished job(s) in %s; re-run the same command to run only those.",
-                      c["failed"], c["unfinished"], sweep_dir)
+            if summary["failed"] or summary["unfinished"]:
+                log.error("%d failed and %d unfinished job(s) in %s; re-run the same command to run only those.",
+                          c["failed"], c["unfinished"], sweep_dir)
+            if aggregation_failed:
+                log.error("The jobs' results are in their folders, but the table of %s was not written (the "
+                          "aggregation error above); fix it, then run python -m laplace_lab.tables on the folder.",
+                          sweep_dir)
             raise SystemExit(1)

@@ -43,23 +43,38 @@ def _yaml(path: Path) -> dict:
         return {}
 
 
-def machine_roots(job_dir: Path) -> dict[str, str]:
-    """{token: absolute path} of the machine paths a job's files contain: the checkout whose
-    ``conf/`` it ran (Hydra's ``main`` config source), the folder it ran from
-    (``hydra.runtime.cwd``), ``paths.data_dir`` and ``paths.output_root`` (relative ones are left:
-    they name no machine)."""
-    paths = _yaml(job_dir / "config_resolved.yaml").get("paths") or {}
-    runtime = ((_yaml(job_dir / ".hydra" / "hydra.yaml").get("hydra") or {}).get("runtime") or {})
+def config_roots(hydra_config: dict, paths: dict) -> dict[str, str]:
+    """{token: absolute path} of the machine paths named by a Hydra config (its ``hydra`` block:
+    the checkout whose ``conf/`` ran, from Hydra's ``main`` config source, and the folder it ran
+    from, ``hydra.runtime.cwd``) and by ``paths`` (``data_dir``, ``output_root``). Relative paths
+    and unresolved interpolations are left out: they name no machine."""
+    runtime = ((hydra_config.get("hydra") or {}).get("runtime") or {})
     conf = next((s.get("path") for s in runtime.get("config_sources") or [] if s.get("provider") == "main"), None)
     found = {"repo": os.path.dirname(os.path.normpath(conf)) if isinstance(conf, str) else None,
              "cwd": runtime.get("cwd"), "data_dir": paths.get("data_dir"), "output_root": paths.get("output_root")}
     return {TOKENS[k]: os.path.normpath(v) for k, v in found.items() if isinstance(v, str) and os.path.isabs(v)}
 
 
-def scrub(text: str, roots: dict[str, str]) -> str:
+def machine_roots(job_dir: Path) -> dict[str, str]:
+    """``config_roots`` of a job: its ``.hydra/hydra.yaml`` and resolved ``paths``."""
+    return config_roots(_yaml(job_dir / ".hydra" / "hydra.yaml"),
+                        _yaml(job_dir / "config_resolved.yaml").get("paths") or {})
+
+
+def multirun_roots(sweep_dir: Path, jobs: list[Path]) -> list[tuple[str, str]]:
+    """(token, path) pairs of every machine path the files of a multirun folder can name: its own
+    ``multirun.yaml`` (the last launch's machine, which may hold only restored records) and each of
+    its ``jobs`` (which may have run on different machines)."""
+    multirun = _yaml(sweep_dir / "multirun.yaml")
+    found = [config_roots(multirun, multirun.get("paths") or {}), *(machine_roots(job) for job in jobs)]
+    return sorted({item for roots in found for item in roots.items()})
+
+
+def scrub(text: str, roots: dict[str, str] | list[tuple[str, str]]) -> str:
     """``text`` with each root path replaced by its token (longest first, so a root under another
     keeps its own token)."""
-    for token, root in sorted(roots.items(), key=lambda item: -len(item[1])):
+    pairs = roots.items() if isinstance(roots, dict) else roots
+    for token, root in sorted(pairs, key=lambda item: -len(item[1])):
         text = text.replace(root, token)
     return text
 
@@ -85,16 +100,16 @@ def save(source: Path, dest: Path) -> list[Path]:
     if not source.is_dir():
         raise FileNotFoundError(f"source folder {source} does not exist")
     jobs = finished_jobs(source)
-    sweep_dirs = set()
+    by_sweep: dict[Path, list[Path]] = {}
     for job in jobs:
-        roots = machine_roots(job)  # a multirun's files name the roots of its jobs
-        files = [job / rel for rel in record_files(job)]
-        if job.parent not in sweep_dirs:
-            sweep_dirs.add(job.parent)
-            files += [job.parent / name for name in SWEEP_FILES if (job.parent / name).is_file()]
+        by_sweep.setdefault(job.parent, []).append(job)
+    for sweep_dir, sweep_jobs in by_sweep.items():
+        roots = multirun_roots(sweep_dir, sweep_jobs)
+        files = [job / rel for job in sweep_jobs for rel in record_files(job)]
+        files += [sweep_dir / name for name in SWEEP_FILES if (sweep_dir / name).is_file()]
         for src in files:
             text = scrub(src.read_text(), roots)
-            left = [root for root in roots.values() if root in text]
+            left = sorted({root for _, root in roots if root in text})
             if left:
                 raise ValueError(f"{src}: machine path(s) {left} left after scrubbing")
             dst = dest / src.relative_to(source)
