@@ -118,7 +118,7 @@ class Run:
             recorded = device_texts(self.status)[key[len(DEVICE_PREFIX):]]
             return MISSING if recorded is None else recorded
         if key in self.overrides:
-            return self.overrides[key]
+            return _override_text(self.overrides[key])
         if key in self.choices:
             return str(self.choices[key])
         node: Any = self.config
@@ -139,7 +139,22 @@ class Loaded:
 
 
 def _text(value: Any) -> str:
-    return json.dumps(value) if isinstance(value, (list, bool)) or value is None else str(value)
+    """A config value as text; lists compact (``[500,300]``, as a Hydra override writes them)."""
+    if isinstance(value, list):
+        return json.dumps(value, separators=(",", ":"))
+    return json.dumps(value) if isinstance(value, bool) or value is None else str(value)
+
+
+def _override_text(text: str) -> str:
+    """An override's value as text: a list override in ``_text``'s form, so ``model.widths=[50, 50]``
+    and a config's ``widths: [50, 50]`` are one value; anything else as written."""
+    if not text.startswith("["):
+        return text
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return _text(value) if isinstance(value, list) else text
 
 
 def _norm(text: str) -> str:

@@ -111,3 +111,20 @@ def test_the_evidence_terms_are_shown_where_every_run_records_them():
     # another score (not the Laplace evidence): no terms either
     (entry,) = ms.rank_candidates(runs[1:], {**SPEC, "score": "test/nll"})
     assert entry["terms"] == []
+
+
+def test_list_override_and_config_list_are_one_candidate():
+    # model.widths given as an override (in any spacing) and read from the resolved config are one value.
+    def mlp(widths_override, config_widths, score, acc):
+        overrides = {"data.name": "mnist", "model": "mlp", "method_name": "online"}
+        if widths_override is not None:
+            overrides["model.widths"] = widths_override
+        return Run(path=None, metrics={"laplace/log_marglik": score, "test/acc": acc, "test/nll": 0.1},
+                   overrides=overrides, config={"model": {"widths": config_widths}})
+
+    runs = [mlp("[100,100]", [100, 100], -10.0, 0.9), mlp("[100, 100]", [100, 100], -20.0, 0.8),
+            mlp(None, [100, 100], -30.0, 0.7), mlp("[50]", [50], -5.0, 0.95)]
+    assert {r.value("model.widths") for r in runs} == {"[100,100]", "[50]"}
+    (entry,) = ms.rank_candidates(runs, {**SPEC, "candidates": ["model", "model.widths"]})
+    assert [c["model.widths"] for c in entry["candidates"]] == ["[100,100]", "[50]"]
+    assert entry["n_runs"] == [3, 1]
