@@ -72,9 +72,11 @@ def multirun_roots(sweep_dir: Path, jobs: list[Path]) -> list[tuple[str, str]]:
 
 def scrub(text: str, roots: dict[str, str] | list[tuple[str, str]]) -> str:
     """``text`` with each root path replaced by its token (longest first, so a root under another
-    keeps its own token)."""
+    keeps its own token; one path under two tokens, e.g. a run from its checkout, takes the first
+    of ``TOKENS``: ``<repo>``)."""
     pairs = roots.items() if isinstance(roots, dict) else roots
-    for token, root in sorted(pairs, key=lambda item: -len(item[1])):
+    order = list(TOKENS.values())
+    for token, root in sorted(pairs, key=lambda item: (-len(item[1]), order.index(item[0]))):
         text = text.replace(root, token)
     return text
 
