@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import io
 import json
 import logging
@@ -145,14 +146,19 @@ def _text(value: Any) -> str:
     return json.dumps(value) if isinstance(value, bool) or value is None else str(value)
 
 
+@functools.lru_cache(maxsize=4096)
 def _override_text(text: str) -> str:
-    """An override's value as text: a list override in ``_text``'s form, so ``model.widths=[50, 50]``
-    and a config's ``widths: [50, 50]`` are one value; anything else as written."""
+    """An override's value as text: a list override parsed as Hydra parses it and written in
+    ``_text``'s form, so ``model.widths=[50, 50]`` and a config's ``widths: [50, 50]`` are one value
+    (and ``[1e-3]`` is ``[0.001]``); anything else as written."""
     if not text.startswith("["):
         return text
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
     try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
+        value = OverridesParser.create().parse_override(f"key={text}").value()
+    except HydraException:
         return text
     return _text(value) if isinstance(value, list) else text
 

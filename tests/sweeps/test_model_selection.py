@@ -125,6 +125,11 @@ def test_list_override_and_config_list_are_one_candidate():
     runs = [mlp("[100,100]", [100, 100], -10.0, 0.9), mlp("[100, 100]", [100, 100], -20.0, 0.8),
             mlp(None, [100, 100], -30.0, 0.7), mlp("[50]", [50], -5.0, 0.95)]
     assert {r.value("model.widths") for r in runs} == {"[100,100]", "[50]"}
+    # parsed as Hydra parses overrides: numbers as numbers, text that is no list as written
+    as_override = Run(path=None, metrics={}, overrides={"map_grid": "[1e-3, 10]", "bad": "[1,"})
+    as_config = Run(path=None, metrics={}, config={"map_grid": [0.001, 10]})
+    assert as_override.value("map_grid") == as_config.value("map_grid") == "[0.001,10]"
+    assert as_override.value("bad") == "[1,"
     (entry,) = ms.rank_candidates(runs, {**SPEC, "candidates": ["model", "model.widths"]})
     assert [c["model.widths"] for c in entry["candidates"]] == ["[100,100]", "[50]"]
     assert entry["n_runs"] == [3, 1]
