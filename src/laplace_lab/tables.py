@@ -74,6 +74,7 @@ from laplace_lab.provenance import (
     run_launches,
 )
 from laplace_lab.summary_stats import mean_se
+from laplace_lab.sweeps.run_only import parse_value
 from laplace_lab.sweeps.status import (
     DEVICE_FIELDS,
     ENTRY,
@@ -153,11 +154,10 @@ def _override_text(text: str) -> str:
     (and ``[1e-3]`` is ``[0.001]``); anything else as written."""
     if not text.startswith("["):
         return text
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     try:
-        value = OverridesParser.create().parse_override(f"key={text}").value()
+        value = parse_value(text).value()
     except HydraException:
         return text
     return _text(value) if isinstance(value, list) else text

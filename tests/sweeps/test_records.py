@@ -18,7 +18,7 @@ from .helpers import TINY, multirun, summary
 def test_scrub_gives_a_root_inside_another_its_own_token():
     roots = {"<repo>": "/m/lab", "<output_root>": "/m/lab/outputs/x", "<data_dir>": "/d"}
     text = "cwd /m/lab, dir /m/lab/outputs/x/exp/job, data /d/MNIST"
-    assert records.scrub(text, roots) == "cwd <repo>, dir <output_root>/exp/job, data <data_dir>/MNIST"
+    assert records.scrub(text, roots.items()) == "cwd <repo>, dir <output_root>/exp/job, data <data_dir>/MNIST"
 
 
 def test_save_then_restore_elsewhere_and_the_relaunch_skips_them(tmp_path, monkeypatch):

@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
@@ -70,13 +71,12 @@ def multirun_roots(sweep_dir: Path, jobs: list[Path]) -> list[tuple[str, str]]:
     return sorted({item for roots in found for item in roots.items()})
 
 
-def scrub(text: str, roots: dict[str, str] | list[tuple[str, str]]) -> str:
-    """``text`` with each root path replaced by its token (longest first, so a root under another
-    keeps its own token; one path under two tokens, e.g. a run from its checkout, takes the first
-    of ``TOKENS``: ``<repo>``)."""
-    pairs = roots.items() if isinstance(roots, dict) else roots
+def scrub(text: str, roots: Iterable[tuple[str, str]]) -> str:
+    """``text`` with each root path of the (token, path) pairs replaced by its token (longest first,
+    so a root under another keeps its own token; one path under two tokens, e.g. a run from its
+    checkout, takes the first of ``TOKENS``: ``<repo>``)."""
     order = list(TOKENS.values())
-    for token, root in sorted(pairs, key=lambda item: (-len(item[1]), order.index(item[0]))):
+    for token, root in sorted(roots, key=lambda item: (-len(item[1]), order.index(item[0]))):
         text = text.replace(root, token)
     return text
 

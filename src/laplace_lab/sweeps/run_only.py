@@ -75,12 +75,18 @@ def _value_text(override) -> str:
     return str(normalized) if normalized is not value else override.get_value_element_as_str()
 
 
+def parse_value(value: str):
+    """The Hydra ``Override`` of ``key=<value>``: one override value as typed, read by Hydra's own
+    parser (types, quoting, lists). Raises Hydra's ``OverrideParseException`` on bad text."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create().parse_override(f"key={value}")
+
+
 def normalize_text(value: str) -> str:
     """One override value as typed (``"1.0"``, ``"1e-3"``) in its canonical spelling (``"1"``,
     ``"0.001"``): for grouping jobs by override values (``tables``)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    return _value_text(OverridesParser.create().parse_override(f"key={value}"))
+    return _value_text(parse_value(value))
 
 
 def normalized_overrides(overrides: Iterable[str]) -> list[str]:
