@@ -18,8 +18,8 @@ from laplace_lab.sweeps.run_only import (
     RUN_ONLY_SUBKEYS,
     is_run_only,
     job_dirname,
-    normalize_text,
     normalize_value,
+    normalized_overrides,
     sweep_dirname,
 )
 from laplace_lab.sweeps.status import RUN_ONLY_SUBKEYS as STATUS_SUBKEYS
@@ -44,7 +44,8 @@ def test_run_only_keys_stay_out_of_names_and_values_are_normalised():
                         "paths.output_root=/x/y", "experiment=toy2d"]) == base
     assert job_dirname(["prior.prior_precision=1e0", "seed=1.0"]) == base
     assert job_dirname(["optimizer.lr=1e-3"]) == "optimizer.lr=0.001" != job_dirname(["optimizer.lr=1e-2"])
-    assert [normalize_text(v) for v in ("1", "1.0", "1e-3", "[1,2]", "abc", "0,1")] == ["1", "1", "0.001", "[1,2]", "abc", "0,1"]
+    assert normalized_overrides(["f=0,1", "e=abc", "d=[1,2]", "c=1e-3", "b=1.0", "a=1", "paths.output_root=/x"]) == [
+        "a=1", "b=1", "c=0.001", "d=[1,2]", "e=abc", "f=0,1"]
     assert normalize_value(True) is True and normalize_value(0.5) == 0.5 and normalize_value("1.0") == "1.0"
     assert job_dirname([]) == "default" and "/" not in job_dirname(["data=a/b"])
     long = job_dirname(["x=" + "y" * 500])

@@ -12,8 +12,8 @@ Three things ignore them, all through this module:
 
 ``RUN_ONLY_KEYS`` are top-level keys dropped whole; ``RUN_ONLY_SUBKEYS[group]`` are keys dropped
 inside a group. Override values are normalised in names (``1``, ``1.0`` and ``1e0`` are one job:
-``normalize_value``; ``normalize_text`` for a value as typed, for table group keys), so one value
-never makes two folders or two table rows.
+``normalize_value``, ``normalized_overrides``), so one value never makes two folders. (Tables
+group jobs by their own number-as-number key, ``laplace_lab.tables``.)
 """
 
 from __future__ import annotations
@@ -81,12 +81,6 @@ def parse_value(value: str):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return OverridesParser.create().parse_override(f"key={value}")
-
-
-def normalize_text(value: str) -> str:
-    """One override value as typed (``"1.0"``, ``"1e-3"``) in its canonical spelling (``"1"``,
-    ``"0.001"``): for grouping jobs by override values (``tables``)."""
-    return _value_text(parse_value(value))
 
 
 def normalized_overrides(overrides: Iterable[str]) -> list[str]:
