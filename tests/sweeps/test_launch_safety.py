@@ -151,3 +151,27 @@ def test_two_concurrent_launches_run_every_job_once(tmp_path):
         assert status["launch_id"] == launches[1] and status["last_action"] == "skipped"
         assert not (job / "FAILED").exists()
     assert json.loads((sweep / "summary.json").read_text())["launch_id"] == launches[1]
+
+
+@pytest.mark.parametrize("hex_id", ["7966e6773611", "123456789012", "1e10abcdef01"])
+def test_launch_id_reaches_the_jobs_as_text_even_when_it_reads_as_a_number(tmp_path, monkeypatch, hex_id):
+    # Each job reads its launch id from the override the callback adds; Hydra parses that override,
+    # so an unquoted 7966e6773611 became inf and 123456789012 an int in the jobs' markers.
+    from types import SimpleNamespace
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from laplace_lab.sweeps.callback import SweepSummary
+
+    monkeypatch.setattr("laplace_lab.sweeps.status.uuid.uuid4", lambda: SimpleNamespace(hex=hex_id + "0" * 20))
+    callback = SweepSummary()
+    config = OmegaConf.create({"aggregate": None, "hydra": {"sweep": {"dir": str(tmp_path)}}})
+    callback.on_multirun_start(config)
+    try:
+        assert callback.launch["launch_id"] == hex_id
+        override = [o for o in config.hydra.overrides.hydra if "LAPLACE_LAB_LAUNCH_ID" in o]
+        assert len(override) == 1
+        assert OverridesParser.create().parse_override(override[0]).value() == hex_id
+    finally:
+        lock.release(callback.lock_fd)

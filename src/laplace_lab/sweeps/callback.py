@@ -140,7 +140,8 @@ class SweepSummary(Callback):
             log.error("%s", err)
             raise SystemExit(1) from err
         self.launch = record_launch(sweep_dir, launch)
-        _add_hydra_override(config, f"++hydra.job.env_set.{LAUNCH_ENV}={launch['launch_id']}")
+        # Quoted: an unquoted hex id such as 7966e6773611 is a number to Hydra's parser (inf).
+        _add_hydra_override(config, f"++hydra.job.env_set.{LAUNCH_ENV}={_quote(launch['launch_id'])}")
         log.info("Sweep folder: %s (launch %s)", sweep_dir.resolve(), launch["launch_id"])
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
