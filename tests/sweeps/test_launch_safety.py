@@ -9,10 +9,14 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 
 from laplace_lab.sweeps import lock
+from laplace_lab.sweeps.callback import SweepSummary
 from laplace_lab.sweeps.run_only import (
     RUN_ONLY_KEYS,
     RUN_ONLY_SUBKEYS,
@@ -157,13 +161,6 @@ def test_two_concurrent_launches_run_every_job_once(tmp_path):
 def test_launch_id_reaches_the_jobs_as_text_even_when_it_reads_as_a_number(tmp_path, monkeypatch, hex_id):
     # Each job reads its launch id from the override the callback adds; Hydra parses that override,
     # so an unquoted 7966e6773611 became inf and 123456789012 an int in the jobs' markers.
-    from types import SimpleNamespace
-
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
-    from laplace_lab.sweeps.callback import SweepSummary
-
     monkeypatch.setattr("laplace_lab.sweeps.status.uuid.uuid4", lambda: SimpleNamespace(hex=hex_id + "0" * 20))
     callback = SweepSummary()
     config = OmegaConf.create({"aggregate": None, "hydra": {"sweep": {"dir": str(tmp_path)}}})

@@ -103,18 +103,20 @@ def name_sweep_dir(config: DictConfig) -> Path:
     explicit = any(str(o).lstrip("+").startswith("hydra.sweep.dir=") for o in hydra_overrides)
     if not explicit and sweep_dir.name == "multirun":
         sweep_dir = sweep_dir.parent / sweep_dirname(OmegaConf.select(config, "hydra.overrides.task", default=None) or [])
-        _add_hydra_override(config, f"hydra.sweep.dir={_quote(str(sweep_dir))}")
+        _add_hydra_override(config, "hydra.sweep.dir", str(sweep_dir))
         with read_write(config.hydra), open_dict(config.hydra):
             config.hydra.sweep.dir = str(sweep_dir)
     return sweep_dir
 
 
-def _add_hydra_override(config: DictConfig, override: str) -> None:
-    """Append a Hydra override that every job's config (composed from these overrides) gets."""
+def _add_hydra_override(config: DictConfig, key: str, text: str) -> None:
+    """Append the Hydra override ``key='text'`` that every job's config (composed from these
+    overrides) gets. Quoted, so the jobs read ``text`` as text: unquoted, Hydra's parser reads a hex
+    launch id such as ``7966e6773611`` as a float (inf) and ``123456789012`` as an int."""
     with read_write(config.hydra), open_dict(config.hydra):
         if OmegaConf.select(config, "hydra.overrides.hydra") is None:  # a config not composed by Hydra (tests)
             config.hydra.overrides = {"hydra": [], "task": []}
-        config.hydra.overrides.hydra.append(override)
+        config.hydra.overrides.hydra.append(f"{key}={_quote(text)}")
 
 
 class SweepSummary(Callback):
@@ -140,8 +142,7 @@ class SweepSummary(Callback):
             log.error("%s", err)
             raise SystemExit(1) from err
         self.launch = record_launch(sweep_dir, launch)
-        # Quoted: an unquoted hex id such as 7966e6773611 is a number to Hydra's parser (inf).
-        _add_hydra_override(config, f"++hydra.job.env_set.{LAUNCH_ENV}={_quote(launch['launch_id'])}")
+        _add_hydra_override(config, f"++hydra.job.env_set.{LAUNCH_ENV}", launch["launch_id"])
         log.info("Sweep folder: %s (launch %s)", sweep_dir.resolve(), launch["launch_id"])
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
