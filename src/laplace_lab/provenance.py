@@ -2,7 +2,9 @@
 and header text without machine paths. Used by ``laplace_lab.tables``.
 
 A job's ``status.json`` carries ``git`` (``sweeps.status.git_state`` at job start: commit, dirty,
-dirty_files, ignored_checked) and ``launch_id`` (a line of ``<sweep dir>/launches.jsonl``).
+dirty_files, ignored_checked) and ``launch_id`` (the launch that ran the job: a line of
+``<sweep dir>/launches.jsonl``). More than ``HEADER_LIST_MAX`` launch commands are summarised by
+the overrides they share and the keys that vary, not listed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,12 @@ from laplace_lab.sweeps.status import ENTRY, REPO_ROOT, read_launches
 
 UNRECORDED = "(not recorded)"
 OUTSIDE = "<outside the repository>"
+HEADER_LIST_MAX = 4  # a table header lists at most this many launch commands or sweep folders; more are summarised
+
+
+def count_jobs(n: int) -> str:
+    """``"1 job"`` / ``"<n> jobs"``."""
+    return f"{n} job" if n == 1 else f"{n} jobs"
 
 
 def commit_has_file(commit: str, path: str, repo_root: str | Path | None = None) -> bool:
@@ -44,7 +52,7 @@ def commit_problems(runs: list, preset: str | None, repo_root: str | Path | None
     commits = Counter(run_commit(r) for r in runs)
     if len(commits) > 1:
         problems.append(f"the jobs come from {len(commits)} commits: "
-                        + ", ".join(f"{c} ({n} jobs)" for c, n in commits.most_common()))
+                        + ", ".join(f"{c} ({count_jobs(n)})" for c, n in commits.most_common()))
     elif UNRECORDED in commits:
         problems.append("the jobs record no commit (no `git` in status.json)")
     gits = [(r, r.status.get("git") or {}) for r in runs if r.status.get("git")]
@@ -76,13 +84,17 @@ def is_run_only(key: str) -> bool:
     return run_only.is_run_only(key) and _key(key).split(".", 1)[0] != "experiment"
 
 
-def normalized_command(command: str) -> str:
-    """A launch command less its entry point, ``-m`` and run-only overrides, tokens sorted."""
+def normalized_tokens(command: str) -> list[str]:
+    """A launch command's tokens less its entry point, ``-m`` and run-only overrides, sorted."""
     tokens = shlex.split(command)
     if " ".join(tokens[:3]) == ENTRY:
         tokens = tokens[3:]
-    kept = [t for t in tokens if t not in ("-m", "--multirun") and not is_run_only(_key(t))]
-    return " ".join(sorted(kept))
+    return sorted(t for t in tokens if t not in ("-m", "--multirun") and not is_run_only(_key(t)))
+
+
+def normalized_command(command: str) -> str:
+    """``normalized_tokens`` joined: two launches with the same text ran the same jobs' configs."""
+    return " ".join(normalized_tokens(command))
 
 
 def run_launches(runs: list, sweep_dirs: list[Path]) -> dict[Path, dict[str, Any]]:
@@ -96,12 +108,24 @@ def launch_problems(runs: list, launches: dict[Path, dict[str, Any]]) -> list[st
     """Why ``runs`` were not all launched by one command (run-only overrides do not count)."""
     if not launches:
         return []
+    tokens = {normalized_command(launch["command"]): normalized_tokens(launch["command"])
+              for launch in launches.values()}
     commands = Counter(normalized_command(launches[r.path]["command"]) if r.path in launches
                        else UNRECORDED for r in runs)
     if len(commands) < 2:
         return []
-    return [f"the jobs were launched by {len(commands)} different commands: "
-            + "; ".join(f"[{c or '(no overrides)'}] ({n} jobs)" for c, n in commands.most_common())]
+    head = f"the jobs were launched by {len(commands)} different commands"
+    if len(commands) <= HEADER_LIST_MAX:
+        return [f"{head}: " + "; ".join(f"[{c or '(no overrides)'}] ({count_jobs(n)})"
+                                        for c, n in commands.most_common())]
+    recorded = [set(tokens[c]) for c in commands if c != UNRECORDED]  # two or more: UNRECORDED is one
+    shared = set.intersection(*recorded)
+    varying = sorted({_key(t) for r in recorded for t in r - shared})
+    sizes = sorted({n for c, n in commands.items() if c != UNRECORDED})
+    each = f"{count_jobs(sizes[0])} each" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]} jobs each"
+    unrecorded = commands.get(UNRECORDED)
+    return [f"{head} ({each}) that share [{' '.join(sorted(shared)) or '(no overrides)'}] and differ in "
+            f"{', '.join(varying)}" + (f"; {count_jobs(unrecorded)} recorded no launch" if unrecorded else "")]
 
 
 def portable_path(path: str | Path, bases: list[Path]) -> str:

@@ -49,6 +49,7 @@ import io
 import json
 import logging
 import math
+import os
 import shlex
 import shutil
 import sys
@@ -64,6 +65,7 @@ from laplace_lab.derived_metrics import add_derived
 from laplace_lab.model_selection import rank_candidates, validate_spec
 from laplace_lab.model_selection import to_markdown as selection_markdown
 from laplace_lab.provenance import (
+    HEADER_LIST_MAX,
     UNRECORDED,
     commit_problems,
     is_run_only,
@@ -82,6 +84,7 @@ from laplace_lab.sweeps.status import (
     STATUS_FILE,
     device_texts,
     hardware,
+    last_launch_id,
 )
 from laplace_lab.sweeps.status import job_seconds as status_job_seconds
 from laplace_lab.table_figures import TABLE_FIGURES
@@ -236,7 +239,8 @@ def load_run(job_dir: Path) -> tuple[Run | None, str | None]:
 
 
 def load_runs(sweep_dirs: list[Path], launch_id: str | None = None) -> Loaded:
-    """Every finished run under ``sweep_dirs`` (of launch ``launch_id`` when given)."""
+    """Every finished run under ``sweep_dirs`` (when ``launch_id`` is given: the runs that launch
+    ran or skipped, ``status.last_launch_id``)."""
     loaded = Loaded([], [], 0)
     for sweep_dir in sweep_dirs:
         if not Path(sweep_dir).is_dir():
@@ -249,7 +253,7 @@ def load_runs(sweep_dirs: list[Path], launch_id: str | None = None) -> Loaded:
                 log.warning("Left out job %s: %s", job_dir, error)
             elif run is None:
                 loaded.not_finished += 1
-            elif launch_id is None or run.status.get("launch_id") == launch_id:
+            elif launch_id is None or last_launch_id(run.status) == launch_id:
                 loaded.runs.append(run)
     return loaded
 
@@ -368,9 +372,7 @@ def provenance(runs: list[Run], sweep_dirs: list[Path], seed_keys: tuple[str, ..
     commits = sorted({run_commit(r) for r in runs})
     dirty = sorted({str((r.status.get("git") or {}).get("dirty")) for r in runs if r.status.get("git")})
     here = [REPO_ROOT, Path.cwd()]
-    commands = list(dict.fromkeys(
-        portable_command(launch["command"], [Path(launch.get("cwd") or "."), *here])
-        for launch in (launches[r.path] for r in runs if r.path in launches)))
+    commands = list(dict.fromkeys(launch_command(launches[r.path], here) for r in runs if r.path in launches))
     command_source = "recorded at launch"
     if not commands:
         commands, command_source = [portable_command(reconstruct_command(runs), here)], \
@@ -400,6 +402,11 @@ def provenance(runs: list[Run], sweep_dirs: list[Path], seed_keys: tuple[str, ..
         "sweep_dirs": [portable_path(d, here) for d in sweep_dirs], "n_runs": len(runs),
         "generated": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }
+
+
+def launch_command(launch: dict[str, Any], here: list[Path]) -> str:
+    """A launch record's command with its paths made portable (relative to its cwd or ``here``)."""
+    return portable_command(launch["command"], [Path(launch.get("cwd") or "."), *here])
 
 
 def job_seconds(run: Run) -> tuple[float, str]:
@@ -440,15 +447,28 @@ def provenance_lines(name: str, prov: dict[str, Any]) -> list[str]:
         if launch_issues:
             commit.append("launches: one clean commit, several launch commands (written with --allow-mixed-launches): "
                           + "; ".join(launch_issues))
+    commands = prov["commands"]
+    command_lines = ([f"command ({prov['command_source']}): {c}" for c in commands]
+                     if len(commands) <= HEADER_LIST_MAX else
+                     [f"commands ({prov['command_source']}): {len(commands)} different; each job's is in the "
+                      f"`command` column of {name}.jobs.csv"])
     return [
         f"table: {name}",
         *commit,
-        *(f"command ({prov['command_source']}): {c}" for c in prov["commands"]),
+        *command_lines,
         f"seeds: {seeds}",
         *(f"hardware ({prov['hardware_source']}): {_hardware_text(h)}" for h in prov["hardware"]),
         f"wall time: sum {w['sum']:.1f} s, max {w['max']:.1f} s over {w['jobs']} jobs ({w['source']})",
-        f"runs: {prov['n_runs']} finished jobs in {', '.join(prov['sweep_dirs'])}; generated {prov['generated']}",
+        f"runs: {prov['n_runs']} finished jobs in {_folders_text(prov['sweep_dirs'])}; generated {prov['generated']}",
     ]
+
+
+def _folders_text(folders: list[str]) -> str:
+    """The sweep folders, or past ``HEADER_LIST_MAX`` of them their count and common parent."""
+    parent = os.path.commonpath(folders) if len(folders) > HEADER_LIST_MAX else ""
+    if not parent or parent in folders:
+        return ", ".join(folders)
+    return f"{len(folders)} sweep folders under {parent} (each job's folder: the `job` column of the jobs CSV)"
 
 
 def _cell(row: dict[str, Any], m: str) -> str:
@@ -519,19 +539,21 @@ def to_csv(name: str, rows: list[dict[str, Any]], group_by: list[str], metrics: 
 
 
 def jobs_csv(name: str, runs: list[Run], group_by: list[str], metrics: list[str], prov: dict[str, Any],
-             sweep_dirs: list[Path]) -> str:
-    """One row per job: folder, group-by values, overrides, commit, dirty, wall time, every metric."""
+             sweep_dirs: list[Path], launches: dict[Path, dict[str, Any]]) -> str:
+    """One row per job: folder, group-by values, overrides, the command of the launch that ran it
+    (empty where none was recorded), commit, dirty, wall time, every metric."""
     buf = io.StringIO()
     for line in provenance_lines(name, prov):
         buf.write(f"# {line}\n")
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["job", *group_by, "overrides", "commit", "dirty", "wall_s", *metrics])
+    writer.writerow(["job", *group_by, "overrides", "command", "commit", "dirty", "wall_s", *metrics])
     here = [REPO_ROOT, Path.cwd()]
     for run in sorted(runs, key=lambda r: str(r.path)):
         git = run.status.get("git") or {}
         overrides = " ".join(portable_command(f"{k}={v}", here) for k, v in run.overrides.items())
         seconds, source = job_seconds(run)
-        writer.writerow([_relative(run.path, sweep_dirs), *(run.value(k) for k in group_by), overrides,
+        command = launch_command(launches[run.path], here) if run.path in launches else ""
+        writer.writerow([_relative(run.path, sweep_dirs), *(run.value(k) for k in group_by), overrides, command,
                          run_commit(run), git.get("dirty", ""), seconds if source == "job" else "",
                          *(repr(run.metrics[m]) if m in run.metrics else "" for m in metrics)])
     return buf.getvalue()
@@ -647,7 +669,7 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     text = to_markdown(name, rows, keys, names, prov) + ("\n".join(sections) + "\n" if sections else "")
     md.write_text(text)
     csv_path.write_text(to_csv(name, rows, keys, names, prov))
-    jobs_path.write_text(jobs_csv(name, runs, keys, names, prov, dirs))
+    jobs_path.write_text(jobs_csv(name, runs, keys, names, prov, dirs, launches))
     return [md, csv_path, jobs_path]
 
 

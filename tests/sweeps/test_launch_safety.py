@@ -152,7 +152,9 @@ def test_two_concurrent_launches_run_every_job_once(tmp_path):
     for job in jobs:
         status = read_status(job)
         assert status["state"] == "finished" and status["attempts"] == 1, status
-        assert status["launch_id"] == launches[1] and status["last_action"] == "skipped"
+        # the marker keeps the launch that ran the job, and names the one that skipped it last
+        assert status["launch_id"] == launches[0] and status["last_launch_id"] == launches[1], status
+        assert status["last_action"] == "skipped"
         assert not (job / "FAILED").exists()
     assert json.loads((sweep / "summary.json").read_text())["launch_id"] == launches[1]
 

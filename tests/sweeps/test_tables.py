@@ -244,7 +244,7 @@ def test_refuses_jobs_from_two_commits_unless_allow_mixed(sweep, tmp_path, repo)
         set_git(job, a)
     set_git(jobs[0], b)
     with pytest.raises(tables.ProvenanceError, match=r"refusing to write table 'toy': the jobs come from 2 commits: "
-                                                      rf"{a} \(4 jobs\), {b} \(1 jobs\).*--allow-mixed"):
+                                                      rf"{a} \(4 jobs\), {b} \(1 job\).*--allow-mixed"):
         tables.aggregate([sweep], "toy", preset="toy", results_dir=tmp_path / "r")
     assert not (tmp_path / "r").exists()  # nothing written
     md, csv_path, _ = tables.aggregate([sweep], "toy", preset="toy", results_dir=tmp_path / "r", allow_mixed=True)
@@ -325,7 +325,7 @@ def test_refuses_jobs_of_different_launch_commands(sweep, tmp_path):
     tables.aggregate([sweep], "same", results_dir=tmp_path / "r")  # run-only overrides do not count
     (jobs[0] / "status.json").write_text(json.dumps({**status, "launch_id": "L3"}))
     with pytest.raises(tables.ProvenanceError, match=r"launched by 2 different commands: \[x=1\] \(4 jobs\); "
-                                                      r"\[x=2\] \(1 jobs\).*--allow-mixed-launches"):
+                                                      r"\[x=2\] \(1 job\).*--allow-mixed-launches"):
         tables.aggregate([sweep], "mixed", results_dir=tmp_path / "r")
     md, *_ = tables.aggregate([sweep], "mixed", results_dir=tmp_path / "r", allow_mixed_launches=True)
     text = md.read_text()  # one clean commit: the header says so, and names the launches apart
@@ -341,7 +341,7 @@ def test_jobs_csv_has_one_row_per_job(sweep, tmp_path):
                                      results_dir=tmp_path / "r")
     assert jobs_path.read_text().startswith("# table: toy\n")
     rows = read_csv(jobs_path)
-    assert list(rows[0]) == ["job", "model", "curvature", "overrides", "commit", "dirty", "wall_s",
+    assert list(rows[0]) == ["job", "model", "curvature", "overrides", "command", "commit", "dirty", "wall_s",
                              "test/map/acc", "test/la/nll"]
     assert len(rows) == sum(len(s) for s in VALUES.values())
     for row in rows:
@@ -349,6 +349,7 @@ def test_jobs_csv_has_one_row_per_job(sweep, tmp_path):
         metrics = json.loads((job / "metrics.json").read_text())
         status = json.loads((job / "status.json").read_text())
         assert row["overrides"] == " ".join(yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()))
+        assert row["command"] == "python -m laplace_lab.train -m x=1"  # the launch that ran it (L1)
         assert row["commit"] == "abc1234" and row["dirty"] == "False"
         assert float(row["wall_s"]) == status["wall_s"]
         assert float(row["test/map/acc"]) == metrics["test/map/acc"]
@@ -413,6 +414,51 @@ def test_end_of_sweep_table_goes_into_the_sweep_folder_with_this_launch(sweep, t
     # abc1234 is not a commit of the repository: stated in the header, not refused, at the end of a sweep
     assert "provenance: NOT ONE CLEAN COMMIT" in text and "does not contain conf/experiment/toy.yaml" in text
     assert "No `experiments/*/reference*.yaml` names preset `toy`: no verdicts." in text
+
+
+def test_many_launch_commands_are_summarised_and_each_jobs_is_in_the_jobs_csv(sweep, tmp_path):
+    """Past HEADER_LIST_MAX commands the header names what they share and which keys vary."""
+    jobs = finished_jobs(sweep)
+    assert len(jobs) > provenance.HEADER_LIST_MAX
+    with open(sweep / "launches.jsonl", "w") as f:
+        for i, job in enumerate(jobs):
+            f.write(json.dumps({"launch_id": f"L{i}", "command": f"python -m laplace_lab.train experiment=toy "
+                                f"x={i} {'y=1 ' if i else ''}torch_num_threads=2"}) + "\n")
+            status = json.loads((job / "status.json").read_text())
+            (job / "status.json").write_text(json.dumps({**status, "launch_id": f"L{i}"}))
+    with pytest.raises(tables.ProvenanceError, match=rf"launched by {len(jobs)} different commands \(1 job each\) "
+                                                      r"that share \[experiment=toy\] and differ in x, y\."):
+        tables.aggregate([sweep], "many", results_dir=tmp_path / "r")
+    md, _, jobs_path = tables.aggregate([sweep], "many", results_dir=tmp_path / "r", allow_mixed_launches=True)
+    text = md.read_text()
+    assert f"- commands (recorded at launch): {len(jobs)} different; each job's is in the `command` column" in text
+    assert "- command (recorded at launch)" not in text
+    commands = {sweep / Path(r["job"]).relative_to("multirun"): r["command"] for r in read_csv(jobs_path)}
+    for i, job in enumerate(jobs):
+        assert commands[job].startswith(f"python -m laplace_lab.train experiment=toy x={i} ")
+
+
+def test_many_sweep_folders_are_named_by_their_parent():
+    folders = [f"outputs/x/multirun_seed={i}" for i in range(provenance.HEADER_LIST_MAX + 1)]
+    assert tables._folders_text(folders) == (f"{len(folders)} sweep folders under outputs/x (each job's folder: "
+                                             "the `job` column of the jobs CSV)")
+    assert tables._folders_text(folders[:-1]) == ", ".join(folders[:-1])
+    assert tables._folders_text([*folders, "elsewhere"]) == ", ".join([*folders, "elsewhere"])  # no common parent
+
+
+def test_a_skipped_job_is_of_the_launch_that_skipped_it_with_the_command_that_ran_it(sweep, tmp_path):
+    job = finished_jobs(sweep)[0]
+    status = json.loads((job / "status.json").read_text())
+    (job / "status.json").write_text(json.dumps({**status, "launch_id": "L0", "last_launch_id": "L1",
+                                                 "last_action": "skipped"}))
+    with open(sweep / "launches.jsonl", "a") as f:
+        f.write(json.dumps({"launch_id": "L0", "command": "python -m laplace_lab.train -m x=0"}) + "\n")
+    assert summarize(sweep, "L1")["skipped"] == [job.name] and summarize(sweep, "L0")["counts"]["skipped"] == 0
+    md, *_ = tables.aggregate([sweep], "toy", metrics=["test/map/acc"], results_dir=tmp_path / "r",
+                              launch_id="L1", allow_mixed_launches=True)
+    text = md.read_text()
+    assert "runs: 5 finished jobs" in text and "[x=1] (4 jobs); [x=0] (1 job)" in text
+    assert "- command (recorded at launch): python -m laplace_lab.train -m x=0" in text
 
 
 # --- bad values and bad job folders (issue 17) ------------------------------------------------------------

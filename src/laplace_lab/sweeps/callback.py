@@ -41,6 +41,7 @@ from laplace_lab.sweeps.status import (
     LAUNCH_ENV,
     STATUS_FILE,
     SUMMARY_FILE,
+    last_launch_id,
     new_launch,
     now_iso,
     read_launches,
@@ -70,12 +71,13 @@ def validate_aggregate(aggregate: Any) -> dict[str, Any] | None:
 
 
 def summarize(sweep_dir: str | Path, launch_id: str | None) -> dict[str, Any]:
-    """Classify the jobs of launch ``launch_id`` under ``sweep_dir`` by their markers."""
+    """Classify the jobs of launch ``launch_id`` under ``sweep_dir`` by their markers: the jobs it
+    ran or skipped (``status.last_launch_id``)."""
     sweep_dir = Path(sweep_dir)
     jobs: dict[str, list] = {"finished": [], "skipped": [], "failed": [], "unfinished": []}
     for path in sorted(sweep_dir.rglob(STATUS_FILE)):
         status = read_status(path.parent)
-        if not status or status.get("launch_id") != launch_id:
+        if not status or last_launch_id(status) != launch_id:
             continue
         name = str(path.parent.relative_to(sweep_dir))
         if status.get("last_action") == "skipped":

@@ -101,12 +101,12 @@ def _run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
         (output_dir / "metrics.json").unlink()
     elif finished:
         log.info("Skipping job #%s %s: already finished in %s", hc.job.num, hc.job.override_dirname, output_dir)
-        write_status(output_dir, launch_id=launch_id, last_action="skipped", skipped_at=now_iso())
+        write_status(output_dir, last_launch_id=launch_id, last_action="skipped", skipped_at=now_iso())
         return objective(json.loads((output_dir / "metrics.json").read_text()), key)
     overrides = list(hc.overrides.task)
-    previous = write_status(output_dir, state="running", launch_id=launch_id, last_action="ran",
-                            started=now_iso(), started_unix=time.time(), ended=None, ended_unix=None,
-                            error=None, traceback=None, devices=device_record())
+    previous = write_status(output_dir, state="running", launch_id=launch_id, last_launch_id=launch_id,
+                            last_action="ran", started=now_iso(), started_unix=time.time(), ended=None,
+                            ended_unix=None, error=None, traceback=None, devices=device_record())
     write_status(output_dir, attempts=int(previous.get("attempts") or 0) + 1, job_num=hc.job.num,
                  overrides=overrides, command=" ".join([ENTRY, *map(shlex.quote, overrides)]),
                  git=git_state(), pid=os.getpid(), host=socket.gethostname(), config_hash=fingerprint)

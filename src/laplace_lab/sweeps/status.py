@@ -5,9 +5,11 @@ is ``finished``; ``running`` (killed jobs keep it) and ``failed`` (with the trac
 again by the next launch of the same multirun. The marker also stores ``config_hash``
 (``config_fingerprint``): a finished job whose config has changed since (e.g. an edited preset,
 which does not change the folder name) is run again rather than skipped. ``<sweep dir>/launches.jsonl`` has one line per
-launch (id, command, start time); each job stamps the id of the launch that started it (handed to
-it in its config, ``job_launch_id``) into its marker, which is how the end-of-sweep summary tells
-this launch's jobs from older ones. ``status.json["devices"]`` records the job's devices
+launch (id, command, start time); each job stamps the id of the launch that ran it (handed to it
+in its config, ``job_launch_id``) into its marker as ``launch_id``, and the id of the last launch
+that ran or skipped it as ``last_launch_id`` (read with ``last_launch_id()``), which is how the end-of-sweep
+summary tells this launch's jobs from older ones while the table's provenance keeps the command
+that ran the job. ``status.json["devices"]`` records the job's devices
 (``read_devices``).
 """
 
@@ -131,6 +133,12 @@ def job_launch_id(hydra_cfg: Any) -> str | None:
     environment variable; None when the callback is off."""
     env_set = hydra_cfg.job.get("env_set") or {}
     return env_set.get(LAUNCH_ENV) or os.environ.get(LAUNCH_ENV)
+
+
+def last_launch_id(status: dict[str, Any]) -> str | None:
+    """The id of the last launch that ran or skipped the job of marker ``status``. Markers written
+    before ``last_launch_id`` existed have only ``launch_id``, which a skip then overwrote."""
+    return status.get("last_launch_id", status.get("launch_id"))
 
 
 def device_texts(status: dict[str, Any]) -> dict[str, str | None]:
