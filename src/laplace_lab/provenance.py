@@ -114,17 +114,17 @@ def launch_problems(runs: list, launches: dict[Path, dict[str, Any]]) -> list[st
                        else UNRECORDED for r in runs)
     if len(commands) < 2:
         return []
-    head = f"the jobs were launched by {len(commands)} different commands"
     if len(commands) <= HEADER_LIST_MAX:
-        return [f"{head}: " + "; ".join(f"[{c or '(no overrides)'}] ({count_jobs(n)})"
-                                        for c, n in commands.most_common())]
-    recorded = [set(tokens[c]) for c in commands if c != UNRECORDED]  # two or more: UNRECORDED is one
+        return [f"the jobs were launched by {len(commands)} different commands: "
+                + "; ".join(f"[{c or '(no overrides)'}] ({count_jobs(n)})" for c, n in commands.most_common())]
+    recorded = [set(tokens[c]) for c in commands if c != UNRECORDED]  # four or more: UNRECORDED is one
     shared = set.intersection(*recorded)
     varying = sorted({_key(t) for r in recorded for t in r - shared})
     sizes = sorted({n for c, n in commands.items() if c != UNRECORDED})
     each = f"{count_jobs(sizes[0])} each" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]} jobs each"
+    share = f"share [{' '.join(sorted(shared))}]" if shared else "share no override"
     unrecorded = commands.get(UNRECORDED)
-    return [f"{head} ({each}) that share [{' '.join(sorted(shared)) or '(no overrides)'}] and differ in "
+    return [f"the jobs were launched by {len(recorded)} different commands ({each}) that {share} and differ in "
             f"{', '.join(varying)}" + (f"; {count_jobs(unrecorded)} recorded no launch" if unrecorded else "")]
 
 

@@ -436,6 +436,12 @@ def test_many_launch_commands_are_summarised_and_each_jobs_is_in_the_jobs_csv(sw
     commands = {sweep / Path(r["job"]).relative_to("multirun"): r["command"] for r in read_csv(jobs_path)}
     for i, job in enumerate(jobs):
         assert commands[job].startswith(f"python -m laplace_lab.train experiment=toy x={i} ")
+    status = json.loads((jobs[0] / "status.json").read_text())  # a launch missing from launches.jsonl
+    (jobs[0] / "status.json").write_text(json.dumps({**status, "launch_id": "gone"}))
+    with pytest.raises(tables.ProvenanceError, match=rf"launched by {len(jobs) - 1} different commands \(1 job each\) "
+                                                      r"that share \[experiment=toy y=1\] and differ in x; "
+                                                      r"1 job recorded no launch\."):
+        tables.aggregate([sweep], "many", results_dir=tmp_path / "r")
 
 
 def test_many_sweep_folders_are_named_by_their_parent():
