@@ -84,17 +84,12 @@ def is_run_only(key: str) -> bool:
     return run_only.is_run_only(key) and _key(key).split(".", 1)[0] != "experiment"
 
 
-def normalized_tokens(command: str) -> list[str]:
+def normalized_tokens(command: str) -> tuple[str, ...]:
     """A launch command's tokens less its entry point, ``-m`` and run-only overrides, sorted."""
     tokens = shlex.split(command)
     if " ".join(tokens[:3]) == ENTRY:
         tokens = tokens[3:]
-    return sorted(t for t in tokens if t not in ("-m", "--multirun") and not is_run_only(_key(t)))
-
-
-def normalized_command(command: str) -> str:
-    """``normalized_tokens`` joined: two launches with the same text ran the same jobs' configs."""
-    return " ".join(normalized_tokens(command))
+    return tuple(sorted(t for t in tokens if t not in ("-m", "--multirun") and not is_run_only(_key(t))))
 
 
 def run_launches(runs: list, sweep_dirs: list[Path]) -> dict[Path, dict[str, Any]]:
@@ -108,22 +103,21 @@ def launch_problems(runs: list, launches: dict[Path, dict[str, Any]]) -> list[st
     """Why ``runs`` were not all launched by one command (run-only overrides do not count)."""
     if not launches:
         return []
-    tokens = {normalized_command(launch["command"]): normalized_tokens(launch["command"])
-              for launch in launches.values()}
-    commands = Counter(normalized_command(launches[r.path]["command"]) if r.path in launches
-                       else UNRECORDED for r in runs)
+    commands = Counter(normalized_tokens(launches[r.path]["command"]) if r.path in launches else None
+                       for r in runs)  # None: no launch record
     if len(commands) < 2:
         return []
     if len(commands) <= HEADER_LIST_MAX:
-        return [f"the jobs were launched by {len(commands)} different commands: "
-                + "; ".join(f"[{c or '(no overrides)'}] ({count_jobs(n)})" for c, n in commands.most_common())]
-    recorded = [set(tokens[c]) for c in commands if c != UNRECORDED]  # four or more: UNRECORDED is one
+        return [f"the jobs were launched by {len(commands)} different commands: " + "; ".join(
+            f"[{UNRECORDED if c is None else ' '.join(c) or '(no overrides)'}] ({count_jobs(n)})"
+            for c, n in commands.most_common())]
+    unrecorded = commands.pop(None, 0)
+    recorded = [set(c) for c in commands]  # four or more distinct commands
     shared = set.intersection(*recorded)
     varying = sorted({_key(t) for r in recorded for t in r - shared})
-    sizes = sorted({n for c, n in commands.items() if c != UNRECORDED})
+    sizes = sorted(set(commands.values()))
     each = f"{count_jobs(sizes[0])} each" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]} jobs each"
     share = f"share [{' '.join(sorted(shared))}]" if shared else "share no override"
-    unrecorded = commands.get(UNRECORDED)
     return [f"the jobs were launched by {len(recorded)} different commands ({each}) that {share} and differ in "
             f"{', '.join(varying)}" + (f"; {count_jobs(unrecorded)} recorded no launch" if unrecorded else "")]
 
