@@ -365,14 +365,16 @@ def provenance(runs: list[Run], sweep_dirs: list[Path], seed_keys: tuple[str, ..
                launches: dict[Path, dict[str, Any]] | None = None, problems: list[str] = (),
                preset: str | None = None, launch_issues: list[str] = ()) -> dict[str, Any]:
     """Commit(s), command(s), seeds, hardware and wall time of the runs (what the table header
-    shows); paths relative to the launch folder or the repository, never absolute. ``problems``:
+    shows; ``job_commands`` maps each job folder with a launch record to its launch's command);
+    paths relative to the launch folder or the repository, never absolute. ``problems``:
     why the jobs are not one clean commit containing the preset; ``launch_issues``: why they are
     not one launch (jobs of one clean commit may come from several commands)."""
     launches = launches if launches is not None else run_launches(runs, sweep_dirs)
     commits = sorted({run_commit(r) for r in runs})
     dirty = sorted({str((r.status.get("git") or {}).get("dirty")) for r in runs if r.status.get("git")})
     here = [REPO_ROOT, Path.cwd()]
-    commands = list(dict.fromkeys(launch_command(launches[r.path], here) for r in runs if r.path in launches))
+    job_commands = {r.path: launch_command(launches[r.path], here) for r in runs if r.path in launches}
+    commands = list(dict.fromkeys(job_commands.values()))
     command_source = "recorded at launch"
     if not commands:
         commands, command_source = [portable_command(reconstruct_command(runs), here)], \
@@ -394,7 +396,7 @@ def provenance(runs: list[Run], sweep_dirs: list[Path], seed_keys: tuple[str, ..
     return {
         "commits": commits, "dirty": dirty, "problems": list(problems), "launch_issues": list(launch_issues),
         "preset": preset,
-        "commands": commands, "command_source": command_source,
+        "commands": commands, "command_source": command_source, "job_commands": job_commands,
         "seeds": {k: v for k, v in seeds.items() if v}, "hardware": [json.loads(h) for h in sorted(hw)],
         "hardware_source": hardware_source,
         "wall_time_s": {"sum": math.fsum(finite), "max": max(finite, default=math.nan), "jobs": len(finite),
@@ -539,7 +541,7 @@ def to_csv(name: str, rows: list[dict[str, Any]], group_by: list[str], metrics: 
 
 
 def jobs_csv(name: str, runs: list[Run], group_by: list[str], metrics: list[str], prov: dict[str, Any],
-             sweep_dirs: list[Path], launches: dict[Path, dict[str, Any]]) -> str:
+             sweep_dirs: list[Path]) -> str:
     """One row per job: folder, group-by values, overrides, the command of the launch that ran it
     (empty where none was recorded), commit, dirty, wall time, every metric."""
     buf = io.StringIO()
@@ -552,8 +554,8 @@ def jobs_csv(name: str, runs: list[Run], group_by: list[str], metrics: list[str]
         git = run.status.get("git") or {}
         overrides = " ".join(portable_command(f"{k}={v}", here) for k, v in run.overrides.items())
         seconds, source = job_seconds(run)
-        command = launch_command(launches[run.path], here) if run.path in launches else ""
-        writer.writerow([_relative(run.path, sweep_dirs), *(run.value(k) for k in group_by), overrides, command,
+        writer.writerow([_relative(run.path, sweep_dirs), *(run.value(k) for k in group_by), overrides,
+                         prov["job_commands"].get(run.path, ""),
                          run_commit(run), git.get("dirty", ""), seconds if source == "job" else "",
                          *(repr(run.metrics[m]) if m in run.metrics else "" for m in metrics)])
     return buf.getvalue()
@@ -669,7 +671,7 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     text = to_markdown(name, rows, keys, names, prov) + ("\n".join(sections) + "\n" if sections else "")
     md.write_text(text)
     csv_path.write_text(to_csv(name, rows, keys, names, prov))
-    jobs_path.write_text(jobs_csv(name, runs, keys, names, prov, dirs, launches))
+    jobs_path.write_text(jobs_csv(name, runs, keys, names, prov, dirs))
     return [md, csv_path, jobs_path]
 
 
