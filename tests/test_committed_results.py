@@ -16,11 +16,16 @@ TABLES = sorted(p for p in (ROOT / "results").glob("*.md") if p.with_suffix(".jo
 
 
 def header(table: Path) -> tuple[str, set[str]]:
-    """The commit of the table's ``- commit: <sha> (dirty: False)`` line and the presets its commands launch."""
+    """The commit of the table's ``- commit: <sha> (dirty: False)`` line and the presets its launch commands
+    name: the header's ``- command (...)`` lines, and the jobs CSV's ``command`` column where it has one (a table
+    of more than four launches lists them there only)."""
     text = table.read_text()
     m = re.search(r"^- commit: ([0-9a-f]{40}) \(dirty: False\)$", text, re.M)
     assert m, f"{table.name}: no '- commit: <sha> (dirty: False)' line (one clean commit)"
     commands = re.findall(r"^- command \([^)]*\): (.*)$", text, re.M)
+    jobs = pd.read_csv(table.with_suffix(".jobs.csv"), comment="#")
+    if "command" in jobs:
+        commands += [c for c in jobs["command"] if isinstance(c, str)]
     presets = {p for c in commands for p in re.findall(r"experiment=([\w-]+)", c)}
     return m.group(1), presets
 
