@@ -44,7 +44,7 @@ SKIPS = [
     (lambda c: c.strip() == "make test", "runs the whole default test suite, which contains this test"),
     (lambda c: "submitit_slurm" in c and shutil.which("sbatch") is None, "needs a SLURM cluster (no sbatch here)"),
     (lambda c: "trainer=gpu" in c and not _has_cuda(), "needs a CUDA GPU"),
-    (lambda c: "laplace_lab.wandb_workspace" in c and "--dry-run" not in c, "saves to a wandb account (network)"),
+    (lambda c: "laplace_lab.reporting.wandb_workspace" in c and "--dry-run" not in c, "saves to a wandb account (network)"),
 ]
 # (predicate, reason): commands marked slow (run by `make test-slow`).
 SLOW = [
@@ -179,8 +179,8 @@ def test_shortening_rules(tmp_path):
     if not all((_data_dir() / f).exists() for f in VISION_DATASETS["cifar10"].files):
         assert "data=fake_data" in cmd
     assert "seed=0,1 " in cmd and "model.widths=[50,50]" in cmd and "trainer.max_epochs=1" in cmd
-    assert shorten("python -m laplace_lab.tables out [--name x] [--figures a]", tmp_path, env) == \
-        "python -m laplace_lab.tables out --name x --figures a"
+    assert shorten("python -m laplace_lab.reporting.tables out [--name x] [--figures a]", tmp_path, env) == \
+        "python -m laplace_lab.reporting.tables out --name x --figures a"
     assert shorten(".venv/bin/python -V", tmp_path, env) == f"{VENV}/bin/python -V"
     grid = shlex.split(shorten("python -m laplace_lab.train -m hydra/sweeper=map_grid", tmp_path, env))
     assert "hydra.sweeper.params={prior.prior_precision:'1e-4,1e-3',seed:'0,1'}" in grid, grid

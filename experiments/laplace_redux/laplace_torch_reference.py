@@ -57,9 +57,9 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from laplace_lab import peer_csv
 from laplace_lab.evaluation import run_evaluation
-from laplace_lab.summary_stats import mean_se
+from laplace_lab.reporting import peer_csv
+from laplace_lab.reporting.summary_stats import mean_se
 from laplace_lab.sweeps.run_only import strip_run_only
 from laplace_lab.training import map_cache
 from laplace_lab.training.predictors import map_predictor
@@ -252,7 +252,7 @@ def with_todays_root_options(cfg: DictConfig, root_config: Path = ROOT_CONFIG) -
 def load_job_map(job_dir: Path, cache_dir: Path | None, data_dir: str | None = None):
     """Rebuild the job's data module and ``MAPModule`` and load its cached MAP network.
     Returns ``(cfg, datamodule, module, entry, how)``."""
-    from laplace_lab.train import build
+    from laplace_lab.training.build import build
 
     cfg = OmegaConf.load(job_dir / "config_resolved.yaml")
     if data_dir is not None:

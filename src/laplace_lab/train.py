@@ -15,22 +15,23 @@ import math
 import os
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
-from laplace_lab.config_validation import HELD_OUT_VALIDATION, validate_config
+from laplace_lab.config import CONF_DIR
+from laplace_lab.config.instantiate import CONFIG_ERRORS, config_phase
+from laplace_lab.config.validation import HELD_OUT_VALIDATION, validate_config
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.evaluation.config import validate_config as validate_evaluation_config
-from laplace_lab.run_loggers import build_loggers, finish_loggers
+from laplace_lab.reporting.run_loggers import build_loggers, finish_loggers
 from laplace_lab.sweeps.devices import check_accelerator
 from laplace_lab.sweeps.jobs import record_devices, run_tracked
 from laplace_lab.training import ensemble, loop_choice, map_cache
+from laplace_lab.training.build import build, uses_augmentation
 from laplace_lab.training.module import MAPCore
 from laplace_lab.training.online_marglik import OnlineMarglikCore
 from laplace_lab.training.plain_loop import PlainTrainer, resolve_device, seed_everything
@@ -46,84 +47,6 @@ from laplace_lab.training.resume import (
 )
 
 log = logging.getLogger(__name__)
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-CONFIG_ERRORS = (ValueError, FileNotFoundError)  # what validation and our constructors raise on bad input
-
-
-@contextmanager
-def config_phase():
-    """Mark ``ValueError`` / ``FileNotFoundError`` raised inside as bad input (``err.config_error``):
-    ``main`` then prints the message alone instead of a traceback (``HYDRA_FULL_ERROR=1``: the traceback)."""
-    try:
-        yield
-    except CONFIG_ERRORS as err:
-        err.config_error = True
-        raise
-
-
-def instantiate(node, *args, **kwargs):
-    """``hydra.utils.instantiate`` that re-raises our own errors unwrapped.
-
-    Hydra wraps constructor errors in ``InstantiationException``; the original
-    ``ValueError`` / ``FileNotFoundError`` names the option and the allowed values, so show it.
-    """
-    try:
-        return hydra.utils.instantiate(node, *args, **kwargs)
-    except InstantiationException as err:
-        if isinstance(err.__cause__, CONFIG_ERRORS):
-            err.__cause__.config_error = True
-            raise err.__cause__ from None
-        raise
-
-
-def resolve_likelihood(cfg: DictConfig, datamodule: LabDataModule) -> str:
-    """``likelihood: auto`` follows the data module's task; an explicit value must fit it."""
-    if cfg.likelihood == "auto":
-        return datamodule.task
-    expected = "classification" if cfg.likelihood == "classification" else "regression"
-    if datamodule.task != expected:
-        raise ValueError(f"likelihood={cfg.likelihood!r} does not fit a {datamodule.task} dataset")
-    return cfg.likelihood
-
-
-def _uses_augmentation(cfg: DictConfig) -> bool:
-    """An ``augmentation`` group other than mode ``none`` (its module imports Lightning)."""
-    aug = cfg.get("augmentation")
-    return aug is not None and aug.get("mode") != "none"
-
-
-def build(cfg: DictConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPCore]:
-    """Instantiate the data module and the training module (no training yet): a ``MAPModule``
-    (LightningModule) for ``loop="lightning"``, a ``MAPCore`` for the plain loop."""
-    if loop == "lightning":  # imported before the data module, which is then a LightningDataModule (data.base)
-        from laplace_lab.training.module import MAPModule as module_class
-    else:
-        module_class = MAPCore
-    datamodule: LabDataModule = instantiate(cfg.data)
-    likelihood = resolve_likelihood(cfg, datamodule)
-    n_out = datamodule.num_outputs * (2 if likelihood == "heteroscedastic_regression" else 1)
-    model = instantiate(cfg.model)(input_shape=datamodule.input_shape, num_outputs=n_out)
-    if _uses_augmentation(cfg):  # augmentation/: logits averaged over transforms
-        from laplace_lab.training.augmentation import wrap_model
-
-        model = wrap_model(cfg.get("augmentation"), model)
-    scheduler = instantiate(cfg.lr_scheduler) if cfg.get("lr_scheduler") else None
-    module = module_class(
-        model=model,
-        likelihood=likelihood,
-        n_data=datamodule.n_train,
-        optimizer=instantiate(cfg.optimizer),
-        lr_scheduler=scheduler,
-        prior_precision=cfg.prior.prior_precision,
-        sigma_noise=cfg.sigma_noise,
-        temperature=cfg.temperature,
-        prior_in_loss=cfg.prior_in_map_loss,
-        on_nonfinite_loss=cfg.on_nonfinite_loss,
-        loss_scale=cfg.map_loss_scale,
-    )
-    return datamodule, module
-
-
 def build_callbacks(cfg: DictConfig, output_dir: Path, loop: str = "lightning") -> list:
     """Online marglik (``marglik=online``) and checkpointing (``checkpoint.enabled``); Lightning
     callbacks for ``loop="lightning"``, the plain loop's hook objects otherwise."""
@@ -410,7 +333,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     """Validate, build, train and evaluate one run; returns the final metrics."""
     with config_phase():
         validate_config(cfg)
-        if _uses_augmentation(cfg):  # mode none needs no check (its module imports Lightning)
+        if uses_augmentation(cfg):  # mode none needs no check (its module imports Lightning)
             from laplace_lab.training.augmentation import validate_augmentation_config
 
             validate_augmentation_config(cfg)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 import laplace_lab.sweeps  # noqa: F401  (registers the lab_* resolvers)
-from laplace_lab.config_validation import validate_config
+from laplace_lab.config.validation import validate_config
 from laplace_lab.sweeps.run_only import job_dirname
 from tests.conftest import CONF_DIR, compose_config
 

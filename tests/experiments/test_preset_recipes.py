@@ -15,7 +15,7 @@ import yaml
 from omegaconf import OmegaConf
 
 import laplace_lab.sweeps  # noqa: F401  (registers the lab_* resolvers)
-from laplace_lab.config_validation import validate_config
+from laplace_lab.config.validation import validate_config
 from laplace_lab.sweeps.resolvers import if_equal
 from tests.conftest import CONF_DIR, compose_config
 

@@ -8,10 +8,10 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import OmegaConf
 
-from laplace_lab.config_validation import validate_config
-from laplace_lab.run_loggers import build_loggers
-from laplace_lab.sweeps.callback import validate_aggregate
-from laplace_lab.train import instantiate
+from laplace_lab.config.instantiate import instantiate
+from laplace_lab.config.validation import validate_config
+from laplace_lab.reporting.run_loggers import build_loggers
+from laplace_lab.reporting.sweep_table import validate_aggregate
 from laplace_lab.training.loop_choice import trainer_kwargs
 from laplace_lab.training.schedules import scheduler_interval
 from tests.conftest import CONF_DIR, compose_config

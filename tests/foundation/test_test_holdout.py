@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset, random_split
 
-from laplace_lab.config_validation import validate_config
+from laplace_lab.config.validation import validate_config
 from laplace_lab.data import VisionDataModule
 from laplace_lab.data.vision import TEST_HOLDOUT_SEED, hold_out_test
 from laplace_lab.training.map_cache import cache_key

@@ -10,7 +10,7 @@ import pytest
 import torch
 from laplace_refs import data, dense_curvature, dense_jacobian, loader, mlp
 
-from laplace_lab.config_validation import validate_config
+from laplace_lab.config.validation import validate_config
 from laplace_lab.laplace import Laplace
 from laplace_lab.laplace.eigen_marglik import EigenMarglik
 from laplace_lab.laplace.hyper import MarglikOptimizer

@@ -54,7 +54,8 @@ def test_run_trains_fits_and_evaluates_on_the_trainer_device(tmp_path, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_laplace_fit_predictive_and_evaluation_keep_the_model_device(tmp_path, device):
-    from laplace_lab.train import build, evaluate
+    from laplace_lab.train import evaluate
+    from laplace_lab.training.build import build
     from laplace_lab.training.posthoc import fit_posthoc_laplace
     from laplace_lab.training.predictors import laplace_predictor, map_predictor
 

@@ -126,8 +126,8 @@ def test_slurm_array_submission(tmp_path, monkeypatch):
     from hydra.utils import instantiate
     from submitit.core.utils import DelayedSubmission
 
+    from laplace_lab.config import CONF_DIR
     from laplace_lab.sweeps.run_only import job_dirname
-    from laplace_lab.train import CONF_DIR
 
     class Submitted(Exception):
         pass

@@ -18,7 +18,7 @@ from tests.sweeps.helpers import TINY, multirun, require_plugin, summary
 
 
 def test_sweep_layout_is_stable():
-    from laplace_lab.train import CONF_DIR
+    from laplace_lab.config import CONF_DIR
 
     hydra = yaml.safe_load((CONF_DIR / "train.yaml").read_text())["hydra"]
     assert hydra["sweep"]["dir"] == "${paths.output_root}/${experiment_name}/multirun"
@@ -115,7 +115,7 @@ SCHEMA_WARNING = r"ignore:\s*'hydra/\w+/\w+' is validated against ConfigStore sc
 def test_sweeper_presets_compose():
     from hydra import compose, initialize_config_dir
 
-    from laplace_lab.train import CONF_DIR
+    from laplace_lab.config import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         grid = compose("train", ["hydra/sweeper=map_grid"], return_hydra_config=True).hydra.sweeper
@@ -130,7 +130,7 @@ def test_submitit_configs_compose_and_local_runs_a_job(tmp_path):
     require_plugin("hydra_plugins.hydra_submitit_launcher")
     from hydra import compose, initialize_config_dir
 
-    from laplace_lab.train import CONF_DIR
+    from laplace_lab.config import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         slurm = compose("train", ["hydra/launcher=submitit_slurm", "hydra.launcher.partition=gpu"],
@@ -158,16 +158,17 @@ def test_aggregation_leaves_out_metrics_no_job_of_the_launch_has(tmp_path):
 
 
 def test_failed_aggregation_exits_1_and_says_the_jobs_are_fine(tmp_path, monkeypatch, caplog):
-    import laplace_lab.tables
+    import laplace_lab.reporting.tables
+    from laplace_lab.reporting.sweep_table import SweepTable
     from laplace_lab.sweeps.callback import SweepSummary
 
     def broken(*args, **kwargs):
         raise RuntimeError("broken table")
 
-    monkeypatch.setattr(laplace_lab.tables, "aggregate_sweep", broken)
+    monkeypatch.setattr(laplace_lab.reporting.tables, "aggregate_sweep", broken)
     (tmp_path / "sweep").mkdir()
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}}})
-    callback = SweepSummary(aggregate={"name": "t"})
+    callback = SweepSummary(aggregate={"name": "t"}, aggregator=SweepTable())
     with pytest.raises(SystemExit) as exit_info, caplog.at_level(logging.ERROR):
         callback.on_multirun_end(config)
     assert exit_info.value.code == 1

@@ -11,7 +11,7 @@ from laplace_lab.laplace import Laplace
 from laplace_lab.laplace.linear_mode import fit_linear_mode
 from laplace_lab.laplace.normgroups import normgroups
 from laplace_lab.models import MLP, LeNet
-from laplace_lab.train import build
+from laplace_lab.training.build import build
 from laplace_lab.training.hyperparameters import initial_log_prior, write_prior
 from laplace_lab.training.posthoc import fit_posthoc_laplace
 from laplace_lab.training.predictors import laplace_predictor

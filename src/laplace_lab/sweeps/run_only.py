@@ -13,7 +13,7 @@ Three things ignore them, all through this module:
 ``RUN_ONLY_KEYS`` are top-level keys dropped whole; ``RUN_ONLY_SUBKEYS[group]`` are keys dropped
 inside a group. Override values are normalised in names (``1``, ``1.0`` and ``1e0`` are one job:
 ``normalize_value``, ``normalized_overrides``), so one value never makes two folders. (Tables
-group jobs by their own number-as-number key, ``laplace_lab.tables``.)
+group jobs by their own number-as-number key, ``laplace_lab.reporting.tables``.)
 """
 
 from __future__ import annotations

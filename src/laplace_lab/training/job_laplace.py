@@ -35,8 +35,7 @@ def best_state(job: Path) -> dict:
 def load_job(job: Path, data_dir: str | None = None) -> tuple[DictConfig, LabDataModule, MAPCore]:
     """The job's resolved config, its data module (set up for fit) and its module at the best state
     (eval mode). ``data_dir`` replaces the job's ``paths.data_dir`` (a job run on another machine)."""
-    # the entry point's builder (it imports Hydra): only when called
-    from laplace_lab.train import build
+    from laplace_lab.training.build import build  # (imports Hydra): only when called
 
     cfg = OmegaConf.load(Path(job) / "config_resolved.yaml")
     if data_dir:

@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from laplace_lab import lazy_attributes
 from laplace_lab.laplace import Laplace
 from laplace_lab.laplace.hyper import MarglikOptimizer
-from laplace_lab.lazy import lazy_attributes
 from laplace_lab.training.hyperparameters import (
     PRIOR_STRUCTURES,
     example_input,

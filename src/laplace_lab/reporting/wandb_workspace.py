@@ -1,4 +1,4 @@
-"""A W&B workspace for one sweep: ``python -m laplace_lab.wandb_workspace --group <experiment_name>``.
+"""A W&B workspace for one sweep: ``python -m laplace_lab.reporting.wandb_workspace --group <experiment_name>``.
 
 Every job of a sweep is a wandb run in the group ``logger.wandb.group`` (the ``experiment_name``).
 After ``wandb sync`` of the offline runs, this builds a saved workspace view of the project that
@@ -95,7 +95,7 @@ def describe(workspace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m laplace_lab.wandb_workspace", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m laplace_lab.reporting.wandb_workspace", description=__doc__.split("\n\n")[0])
     p.add_argument("--group", required=True, help="the sweep's experiment_name (its runs' wandb group)")
     p.add_argument("--entity", default=None, help="wandb entity (default: your wandb default entity)")
     p.add_argument("--project", default="laplace-lab", help="wandb project (logger.wandb.project)")

@@ -1,4 +1,4 @@
-"""laplace_lab.tables on hand-made run folders with known values."""
+"""laplace_lab.reporting.tables on hand-made run folders with known values."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from laplace_lab import provenance, tables
-from laplace_lab.sweeps.callback import SweepSummary, summarize, validate_aggregate
+from laplace_lab.reporting import provenance, tables
+from laplace_lab.reporting.sweep_table import SweepTable, validate_aggregate
+from laplace_lab.sweeps.callback import SweepSummary, summarize
 
 # method -> seed -> metrics; "B" has one seed without test/la/nll
 VALUES = {
@@ -196,7 +197,7 @@ def test_figures_of_the_first_seed_are_copied_and_linked(sweep, tmp_path):
 
 
 def test_root_aggregate_key_is_validated_before_jobs_run(tmp_path):
-    callback = SweepSummary()
+    callback = SweepSummary(aggregator=SweepTable())
     bad = OmegaConf.create({"aggregate": {"name": "t", "figure": ["x"]}, "hydra": {"sweep": {"dir": str(tmp_path)}}})
     with pytest.raises(SystemExit):
         callback.on_multirun_start(bad)
@@ -404,7 +405,7 @@ def test_end_of_sweep_table_goes_into_the_sweep_folder_with_this_launch(sweep, t
     status_path.write_text(json.dumps({**json.loads(status_path.read_text()), "launch_id": "L0"}))
     cfg = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}, "runtime": {"choices": {"experiment": "toy"}}},
                             "aggregate": {"name": "toy", "metrics": ["test/map/acc"], "results_dir": "tables"}})
-    callback = SweepSummary(fail_on_error=False)
+    callback = SweepSummary(fail_on_error=False, aggregator=SweepTable())
     callback.aggregate = validate_aggregate(cfg.aggregate)
     callback.on_multirun_end(cfg)
     md = sweep / "tables" / "toy.md"
@@ -557,8 +558,8 @@ def test_reference_section_from_the_preset_files(sweep, tmp_path, repo):
 
 
 def test_committed_reference_files_are_valid():
-    from laplace_lab.reference import load_reference
-    from laplace_lab.train import CONF_DIR
+    from laplace_lab.config import CONF_DIR
+    from laplace_lab.reporting.reference import load_reference
 
     for path in sorted((provenance.REPO_ROOT / "experiments").glob("*/reference*.yaml")):
         loaded = load_reference(path)
@@ -598,7 +599,7 @@ def test_group_by_the_devices_a_job_recorded(sweep, tmp_path):
 
 def test_table_figures_draw_the_seed_mean_per_epoch_from_the_jobs_csv(sweep, tmp_path):
     """``augmentation_eta_rotation``: one figure from every seed's csv/metrics.csv (mean and range)."""
-    from laplace_lab import table_figures
+    from laplace_lab.reporting import figures as table_figures
 
     rot = {("mlp", "kron"): {0: [0.1, 0.3, 0.5], 1: [0.3, 0.5, 0.9], 2: [0.2, 0.4]}, ("lenet", "diag"): {0: [0.1, 0.1]}}
     for (model, curvature), seeds in rot.items():

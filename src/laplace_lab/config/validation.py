@@ -9,11 +9,10 @@ import inspect
 
 from omegaconf import DictConfig, OmegaConf
 
-from laplace_lab.config_values import validate_values
+from laplace_lab.config.values import validate_values
 from laplace_lab.laplace.options import Likelihood, LinkApprox, PredType
 from laplace_lab.laplace.predictive import check_nn_link
 from laplace_lab.laplace.spec import LaplaceSpec, hessian_structures, structure_class
-from laplace_lab.training.module import check_loss_scale
 
 # data modules whose validation rows are held out of the training set, and the option that holds
 # them out (map_grid_refit gives them back by setting it to 0); the toy sets draw theirs apart
@@ -27,6 +26,18 @@ NONFINITE_LOSS = ("error", "skip")
 PRED_TYPES = PredType.values()
 LINKS = LinkApprox.values()
 
+LOSS_SCALES = ("nll", "mse")
+
+
+def check_loss_scale(loss_scale: str, likelihood: str) -> None:
+    """``ValueError`` naming ``map_loss_scale`` and its allowed values: one of ``LOSS_SCALES``, and
+    ``mse`` only for regression (``likelihood`` ``regression``, or a config's ``auto``)."""
+    if loss_scale not in LOSS_SCALES:
+        raise ValueError(f"map_loss_scale={loss_scale!r} is not supported; allowed: {list(LOSS_SCALES)}")
+    if loss_scale == "mse" and likelihood not in ("auto", "regression"):
+        raise ValueError(f"map_loss_scale='mse' needs likelihood 'regression' (got {likelihood!r}); "
+                         "allowed for this likelihood: map_loss_scale in ['nll']")
+
 
 def _require(condition: bool, message: str) -> None:
     if not condition:
@@ -35,7 +46,7 @@ def _require(condition: bool, message: str) -> None:
 
 def validate_config(cfg: DictConfig) -> None:
     """Reject invalid option values and combinations of the root config and its groups
-    (first the per-value checks of ``laplace_lab.config_values``: finite, in range, typed, known keys)."""
+    (first the per-value checks of ``laplace_lab.config.values``: finite, in range, typed, known keys)."""
     validate_values(cfg)
     _require(cfg.likelihood in LIKELIHOOD_CHOICES,
              f"likelihood={cfg.likelihood!r} is not supported; allowed: {list(LIKELIHOOD_CHOICES)}")

@@ -1,4 +1,4 @@
-"""laplace_lab.reference: validation of reference.yaml files and the verdict of each kind."""
+"""laplace_lab.reporting.reference: validation of reference.yaml files and the verdict of each kind."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from laplace_lab import reference as ref
+from laplace_lab.reporting import reference as ref
 
 GROUP_BY = ["method_name"]
 # results rows as tables.group_rows makes them: metric -> (mean, se, n)
@@ -154,7 +154,7 @@ def test_find_references_by_preset_and_markdown(tmp_path):
 
 
 def test_one_file_may_name_a_preset_and_its_cpu_sibling(tmp_path):
-    from laplace_lab.reference import find_references, load_reference
+    from laplace_lab.reporting.reference import find_references, load_reference
 
     folder = tmp_path / "paper"
     folder.mkdir()

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("wandb_workspaces", reason="wandb-workspaces not installed (pip install -e '.[dev]')")
 
-from laplace_lab.wandb_workspace import build_workspace, main  # noqa: E402
+from laplace_lab.reporting.wandb_workspace import build_workspace, main  # noqa: E402
 
 
 def _panels(spec: dict) -> dict[str, list[dict]]:
@@ -45,8 +45,8 @@ def test_keys_match_what_runs_log():
     import inspect
 
     from laplace_lab.evaluation import runner
-    from laplace_lab.run_loggers import log_reliability_chart
-    from laplace_lab.wandb_workspace import RELIABILITY_CHART
+    from laplace_lab.reporting.run_loggers import log_reliability_chart
+    from laplace_lab.reporting.wandb_workspace import RELIABILITY_CHART
 
     assert f'"{RELIABILITY_CHART}"' in inspect.getsource(log_reliability_chart)
     ws = build_workspace("e", "p", "g")

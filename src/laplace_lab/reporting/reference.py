@@ -272,7 +272,7 @@ def to_markdown(results: list[Verdict], files: list[str]) -> list[str]:
     """Markdown lines of the "Reference numbers" section (``files``: the reference files, as shown)."""
     counts = ", ".join(f"{sum(v.verdict == k for v in results)} {k}" for k in VERDICTS)
     lines = ["", "## Reference numbers", "",
-             f"From {', '.join(f'`{f}`' for f in files)}; verdicts computed by `laplace_lab.reference`. "
+             f"From {', '.join(f'`{f}`' for f in files)}; verdicts computed by `laplace_lab.reporting.reference`. "
              "A value *reproduces* when |ours - reference| <= tolerance + our standard error over seeds "
              "(0 when n = 1); one that misses is *same ordering* when every entry of its order group ran and "
              "our means rank them as the reference does. A claim is judged on our means. *not run*: the table "

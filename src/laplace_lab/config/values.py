@@ -19,12 +19,12 @@ import importlib
 import inspect
 import math
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+from laplace_lab.config import CONF_DIR
+
 ALLOWED_TARGET_PREFIXES = ("laplace_lab.", "torch.", "pytorch_lightning.", "lightning.")
 # Groups checked for unknown keys: conf/<group>/*.yaml options; checkpoint and map_cache live in train.yaml.
 CHECKED_GROUPS = ("data", "model", "optimizer", "lr_scheduler", "trainer", "curvature", "prior", "marglik",

@@ -1,4 +1,4 @@
-"""laplace_lab.model_selection: marglik rankings vs held-out metrics, on hand-made runs."""
+"""laplace_lab.reporting.model_selection: marglik rankings vs held-out metrics, on hand-made runs."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from laplace_lab import model_selection as ms
-from laplace_lab.tables import Run
+from laplace_lab.reporting import model_selection as ms
+from laplace_lab.reporting.tables import Run
 
 
 def run(data: str, model: str, method: str, **metrics) -> Run:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from laplace_lab.summary_stats import mean_se
+from laplace_lab.reporting.summary_stats import mean_se
 
 LOWER_IS_BETTER = ("nll", "ece", "brier", "rmse", "fpr95", "mmc", "error")
 SPEC_KEYS = ("score", "candidates", "within", "targets", "where", "lower_is_better")

@@ -1,4 +1,4 @@
-"""Figures that ``laplace_lab.tables`` draws from the jobs themselves (not copied from one job):
+"""Figures that ``laplace_lab.reporting.tables`` draws from the jobs themselves (not copied from one job):
 per-epoch metrics read from each job's ``csv/metrics.csv``, the mean over the seeds of a group as
 one line, the seeds' range (min to max) shaded. An ``aggregate.figures`` entry (or ``--figures``)
 naming one of ``TABLE_FIGURES`` writes ``<name>_figures/<figure>.png``, one figure for the table.

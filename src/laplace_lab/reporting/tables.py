@@ -1,6 +1,6 @@
 """Aggregate the finished jobs of multiruns into ``<name>.md``, ``<name>.csv`` and ``<name>.jobs.csv``.
 
-    python -m laplace_lab.tables outputs/<experiment>/multirun --name <name> \
+    python -m laplace_lab.reporting.tables outputs/<experiment>/multirun --name <name> \
         [--metrics test/map/acc test/la/nll] [--group-by model curvature] [--seed-keys seed data.split] \
         [--figures reliability] [--results-dir DIR | --commit-results] [--preset P] [--reference FILE] \
         [--allow-mixed] [--allow-mixed-launches]
@@ -13,8 +13,8 @@ command refuses: ``--allow-mixed`` / ``--allow-mixed-launches`` write anyway, wi
 the header and the commit of every row. Non-finite metric values are left out of the cells (and
 counted, per run), unreadable job files are listed, and two jobs with the same overrides (less
 run-only keys) are refused. With a preset, ``experiments/*/reference.yaml`` files of that preset
-add a "Reference numbers" section (``laplace_lab.reference``). A metric named ``mean(<pattern>)``
-is computed per job from its logged metrics (``laplace_lab.derived_metrics``), e.g.
+add a "Reference numbers" section (``laplace_lab.reporting.reference``). A metric named ``mean(<pattern>)``
+is computed per job from its logged metrics (``laplace_lab.reporting.derived_metrics``), e.g.
 ``mean(shift/rot_*/la/ece)``: the ECE averaged over the rotated-MNIST angles.
 
 Every job folder under the given multirun folders with a ``metrics.json`` (and, when it has a
@@ -31,7 +31,7 @@ its ``status.json``, so ``--group-by devices.accelerator`` reports per device. E
 relative to the repository); the CSVs as leading ``# `` lines (``pandas.read_csv(path, comment="#")``).
 
 ``--figures`` copies ``figures/<fig>.png`` of each group's first seed next to the table; the
-names of ``laplace_lab.table_figures.TABLE_FIGURES`` are drawn from the jobs' ``csv/metrics.csv``
+names of ``laplace_lab.reporting.figures.TABLE_FIGURES`` are drawn from the jobs' ``csv/metrics.csv``
 instead (per-epoch means over the seeds, one line per group, one figure).
 Also called by the ``SweepSummary`` callback at the end of a multirun when the config has a root
 ``aggregate: {name, metrics, group_by, seed_keys, results_dir, figures, model_selection}`` (or
@@ -60,11 +60,13 @@ from typing import Any
 
 import yaml
 
-from laplace_lab import reference as ref
-from laplace_lab.derived_metrics import add_derived
-from laplace_lab.model_selection import rank_candidates, validate_spec
-from laplace_lab.model_selection import to_markdown as selection_markdown
-from laplace_lab.provenance import (
+from laplace_lab.reporting import reference as ref
+from laplace_lab.reporting.derived_metrics import add_derived
+from laplace_lab.reporting.figures import TABLE_FIGURES
+from laplace_lab.reporting.figures import draw as draw_table_figure
+from laplace_lab.reporting.model_selection import rank_candidates, validate_spec
+from laplace_lab.reporting.model_selection import to_markdown as selection_markdown
+from laplace_lab.reporting.provenance import (
     HEADER_LIST_MAX,
     UNRECORDED,
     commit_problems,
@@ -75,7 +77,7 @@ from laplace_lab.provenance import (
     run_commit,
     run_launches,
 )
-from laplace_lab.summary_stats import mean_se
+from laplace_lab.reporting.summary_stats import mean_se
 from laplace_lab.sweeps.run_only import parse_value
 from laplace_lab.sweeps.status import (
     DEVICE_FIELDS,
@@ -87,8 +89,6 @@ from laplace_lab.sweeps.status import (
     last_launch_id,
 )
 from laplace_lab.sweeps.status import job_seconds as status_job_seconds
-from laplace_lab.table_figures import TABLE_FIGURES
-from laplace_lab.table_figures import draw as draw_table_figure
 
 log = logging.getLogger(__name__)
 DEVICE_PREFIX = "devices."
@@ -602,7 +602,7 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     ``results_dir``: default the first sweep folder; ``commit_results`` writes into
     ``COMMITTED_RESULTS`` (``results/``), the only way to write there. ``figures``: names of
     ``figures/<fig>.png`` to copy, from each group's first seed, into ``<results_dir>/<name>_figures/``.
-    ``model_selection``: a ``laplace_lab.model_selection`` spec (a ranking section). ``preset`` /
+    ``model_selection``: a ``laplace_lab.reporting.model_selection`` spec (a ranking section). ``preset`` /
     ``reference``: the reference files whose verdicts make the "Reference numbers" section, and the
     preset the jobs' commit must contain. Raises ``ProvenanceError`` (before writing) when the jobs
     are not from one clean commit (unless ``allow_mixed``) or one launch command (unless
@@ -689,7 +689,7 @@ def aggregate_sweep(sweep_dir: str | Path, spec: dict[str, Any], launch_id: str 
 
 def preset_file(preset: str) -> Path:
     """``conf/experiment/<preset>.yaml``; a ValueError listing the presets when there is none."""
-    from laplace_lab.train import CONF_DIR
+    from laplace_lab.config import CONF_DIR
 
     path = CONF_DIR / "experiment" / f"{preset}.yaml"
     if not path.is_file():
@@ -719,7 +719,7 @@ def default_sweep_dir(preset: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m laplace_lab.tables", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m laplace_lab.reporting.tables", description=__doc__.split("\n\n")[0])
     p.add_argument("sweep_dirs", nargs="*", type=Path,
                    help="multirun folder(s), e.g. outputs/<exp>/multirun (default with --preset: "
                         "outputs/<its experiment_name>/multirun)")
@@ -758,7 +758,7 @@ def main(argv: list[str] | None = None) -> None:
                           reference=args.reference, commit_results=args.commit_results,
                           allow_mixed=args.allow_mixed, allow_mixed_launches=args.allow_mixed_launches)
     except (ValueError, FileNotFoundError) as err:
-        sys.exit(f"python -m laplace_lab.tables: error: {err}")
+        sys.exit(f"python -m laplace_lab.reporting.tables: error: {err}")
     for path in paths:
         print(path)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from laplace_lab.csv_metrics import CSVMetricsLogger
+from laplace_lab.reporting.csv_metrics import CSVMetricsLogger
 
 log = logging.getLogger(__name__)
 WANDB_MODES = ("offline", "online", "disabled")

@@ -1,5 +1,5 @@
 """Where a table's jobs come from: one clean commit containing the preset, one launch command,
-and header text without machine paths. Used by ``laplace_lab.tables``.
+and header text without machine paths. Used by ``laplace_lab.reporting.tables``.
 
 A job's ``status.json`` carries ``git`` (``sweeps.status.git_state`` at job start: commit, dirty,
 dirty_files, ignored_checked) and ``launch_id`` (the launch that ran the job: a line of
