@@ -17,10 +17,10 @@ PACKAGE = SRC / "laplace_lab"
 LAYERS = [
     ("laplace_lab.train",),
     ("laplace_lab.reporting",),
-    ("laplace_lab.training", "laplace_lab.evaluation"),
+    ("laplace_lab.training",),
     ("laplace_lab.sweeps",),
     ("laplace_lab.config",),
-    ("laplace_lab.data", "laplace_lab.models"),
+    ("laplace_lab.evaluation", "laplace_lab.data", "laplace_lab.models"),
     ("laplace_lab.laplace",),
 ]
 LAYER_OF = {name: depth for depth, row in enumerate(LAYERS) for name in row}
@@ -97,3 +97,14 @@ def test_the_check_finds_an_upward_import(tmp_path):
     found = [m for _, m in imported_modules(module, "laplace_lab.training.m")]
     assert found == ["laplace_lab.train", "laplace_lab.train.build", "laplace_lab", "laplace_lab.train"]
     assert layer("laplace_lab.train.build") == "laplace_lab.train" and layer("laplace_lab") is None
+
+
+# Where the composed config (Hydra's ``DictConfig``) may appear: the entry point, the config package
+# that reads it into the typed ``RunConfig``, and the Hydra callback, which Hydra hands its own config.
+DICTCONFIG_ALLOWED = ("train.py", "config/", "sweeps/callback.py")
+
+
+def test_only_the_entry_point_and_config_see_the_composed_config():
+    """``grep -rn DictConfig src/`` finds it only where ``DICTCONFIG_ALLOWED`` says."""
+    found = [str(p.relative_to(PACKAGE)) for p in MODULES if "DictConfig" in p.read_text()]
+    assert found and all(f.startswith(DICTCONFIG_ALLOWED) for f in found), found

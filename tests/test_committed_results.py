@@ -56,3 +56,23 @@ def test_table_commit_contains_its_preset(table):
         found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}:conf/experiment/{preset}.yaml"],
                                capture_output=True)
         assert found.returncode == 0, f"{table.name}: commit {commit[:12]} has no conf/experiment/{preset}.yaml"
+
+
+RECORDS = sorted((ROOT / "results" / "sweeps").glob("**/status.json"))
+
+
+@pytest.mark.parametrize("status_path", [p for p in RECORDS if "seed=0" in p.parent.name],
+                         ids=lambda p: p.parent.name)
+def test_a_relaunch_of_a_committed_sweep_skips_its_finished_jobs(status_path):
+    """Each committed job record's overrides compose to the config hash it recorded (``config_hash`` in
+    ``status.json``), so relaunching its command after ``sweeps.records restore`` skips it instead of
+    running it again (seed 0 of each row; the other seeds differ only in the seed)."""
+    import json
+
+    from laplace_lab.sweeps.status import config_fingerprint
+    from tests.conftest import compose_config
+
+    status = json.loads(status_path.read_text())
+    overrides = [o for o in status["overrides"] if not o.startswith("paths.")]  # run-only: <output_root> placeholders
+    assert status["state"] == "finished"
+    assert config_fingerprint(compose_config(overrides)) == status["config_hash"], overrides

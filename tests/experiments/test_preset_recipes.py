@@ -14,9 +14,8 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
-import laplace_lab.sweeps  # noqa: F401  (registers the lab_* resolvers)
+from laplace_lab.config.store import if_equal
 from laplace_lab.config.validation import validate_config
-from laplace_lab.sweeps.resolvers import if_equal
 from tests.conftest import CONF_DIR, compose_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,12 +120,13 @@ def test_peer_reference_script_runs_one_split(data_dir):
 
 def test_adversarial_reuses_the_redux_map_networks():
     from laplace_lab.training.map_cache import cache_key
+    from tests.conftest import run_config
 
     for seed in (0, 2):
-        redux = compose_config(["experiment=redux_mnist", "method=la", f"seed={seed}"])
-        adversarial = compose_config(["experiment=adversarial_mnist", "method=diag", f"seed={seed}"])
+        redux = run_config(["experiment=redux_mnist", "method=la", f"seed={seed}"])
+        adversarial = run_config(["experiment=adversarial_mnist", "method=diag", f"seed={seed}"])
         assert cache_key(redux) == cache_key(adversarial)
-    assert cache_key(redux) != cache_key(compose_config(["experiment=redux_mnist", "seed=2", "prior.prior_precision=1"]))
+    assert cache_key(redux) != cache_key(run_config(["experiment=redux_mnist", "seed=2", "prior.prior_precision=1"]))
 
 
 @pytest.mark.slow  # ~20 s: eigendecompositions of the 3073 x 3073 input factor of 3 x 32 x 32 fake images

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from hydra.errors import MissingConfigException
 
-import laplace_lab.train as train_mod
 import laplace_lab.training.build as build_mod
+import laplace_lab.training.fit as fit_mod
 from laplace_lab.train import run
 from tests.conftest import compose_config
 
@@ -18,7 +18,7 @@ def no_training(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("training started before the error")
 
-    monkeypatch.setattr(train_mod, "make_trainer", forbidden)
+    monkeypatch.setattr(fit_mod, "make_trainer", forbidden)
 
 
 def test_unknown_model_group_option():

@@ -14,7 +14,7 @@ from laplace_lab.reporting.run_loggers import build_loggers
 from laplace_lab.reporting.sweep_table import validate_aggregate
 from laplace_lab.training.loop_choice import trainer_kwargs
 from laplace_lab.training.schedules import scheduler_interval
-from tests.conftest import CONF_DIR, compose_config
+from tests.conftest import CONF_DIR, compose_config, run_config
 
 # hydra/launcher options need the optional launcher plugins; they are tested in their own module.
 GROUPS = sorted(
@@ -27,8 +27,11 @@ SHARED_DATA = {"mnist", "fashion_mnist", "vision_base", "uci"}
 
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_option_composes(group, option):
-    # a diagonal prior needs a non-KFAC structure (the default curvature is kron)
+    # a diagonal prior needs a non-KFAC structure (the default curvature is kron); an augmentation
+    # needs images, a non-GLM predictive and (learned) online marglik
     extra = ["curvature=diag"] if (group, option) == ("prior", "diagonal") else []
+    if group == "augmentation" and option != "none":
+        extra = ["data=mnist", "model=lenet", "method=online_kron", "predictive=map"]
     cfg = compose_config([f"{group}={option}", *extra])
     OmegaConf.resolve(cfg)
     validate_config(cfg)
@@ -46,7 +49,7 @@ def test_experiment_presets_compose():
         OmegaConf.resolve(cfg)
         validate_config(cfg)
         assert cfg.experiment_name == preset.stem and cfg.aggregate.name == preset.stem
-        validate_aggregate(cfg.aggregate)
+        validate_aggregate(OmegaConf.to_container(cfg.aggregate))
 
 
 @pytest.mark.parametrize("option", sorted(f.stem for f in (CONF_DIR / "model").glob("*.yaml")))
@@ -89,8 +92,8 @@ def test_optimizer_and_scheduler_instantiate(group):
 
 def test_trainer_and_logger_instantiate(tmp_path):
     for f in sorted((CONF_DIR / "trainer").glob("*.yaml")):
-        cfg = compose_config([f"trainer={f.stem}", "trainer.accelerator=cpu"])
+        cfg = run_config([f"trainer={f.stem}", "trainer.accelerator=cpu"])
         pl.Trainer(**trainer_kwargs(cfg), logger=False, enable_checkpointing=False)
     for f in sorted((CONF_DIR / "logger").glob("*.yaml")):
-        cfg = compose_config([f"logger={f.stem}", "logger.wandb.enabled=false"] if f.stem == "default" else [f"logger={f.stem}"])
+        cfg = run_config([f"logger={f.stem}", "logger.wandb.enabled=false"] if f.stem == "default" else [f"logger={f.stem}"])
         assert build_loggers(cfg, tmp_path)

@@ -1,4 +1,4 @@
-"""Issue 18: a posterior structure defined in this file alone (no edit elsewhere) runs fit, marglik,
+"""A posterior structure defined in this file alone (no edit elsewhere) runs fit, marglik,
 the glm predictive, sampling and config validation, checked against dense float64 references.
 
 ``IsotropicStructure``: ``H ~= s I`` with ``s`` the mean of the exact GGN diagonal (from the

@@ -406,7 +406,7 @@ def test_end_of_sweep_table_goes_into_the_sweep_folder_with_this_launch(sweep, t
     cfg = OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}, "runtime": {"choices": {"experiment": "toy"}}},
                             "aggregate": {"name": "toy", "metrics": ["test/map/acc"], "results_dir": "tables"}})
     callback = SweepSummary(fail_on_error=False, aggregator=SweepTable())
-    callback.aggregate = validate_aggregate(cfg.aggregate)
+    callback.aggregate = validate_aggregate(OmegaConf.to_container(cfg.aggregate))
     callback.on_multirun_end(cfg)
     md = sweep / "tables" / "toy.md"
     assert json.loads((sweep / "summary.json").read_text())["results"][0] == str(md)
@@ -468,7 +468,7 @@ def test_a_skipped_job_is_of_the_launch_that_skipped_it_with_the_command_that_ra
     assert "- command (recorded at launch): python -m laplace_lab.train -m x=0" in text
 
 
-# --- bad values and bad job folders (issue 17) ------------------------------------------------------------
+# --- bad values and bad job folders (fail loudly) --------------------------------------------------------
 
 
 def test_non_finite_values_are_left_out_counted_and_listed(sweep, tmp_path):
@@ -584,7 +584,7 @@ def test_cli_refuses_with_a_message_and_commits_results_only_when_asked(sweep, t
 
 
 def test_group_by_the_devices_a_job_recorded(sweep, tmp_path):
-    """``devices.<field>`` groups by what status.json recorded (issue 22): two fake GPUs, two rows."""
+    """``devices.<field>`` groups by what status.json recorded: two fake GPUs, two rows."""
     for i, job in enumerate(finished_jobs(sweep)):
         status = json.loads((job / "status.json").read_text())
         status["devices"] = {"cuda_visible_devices": str(i % 2), "torch_device": "cuda:0", "accelerator": "cuda",

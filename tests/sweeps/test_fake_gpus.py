@@ -1,4 +1,4 @@
-"""Sweeps across GPUs without a GPU (issue 22): Ray on a faked 4-GPU node, and the SLURM array
+"""Sweeps across GPUs without a GPU: Ray on a faked 4-GPU node, and the SLURM array
 that submitit would submit.
 
 Ray hands out GPU ids from ``ray.init(num_gpus=4)`` and sets ``CUDA_VISIBLE_DEVICES`` in each

@@ -12,6 +12,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from laplace_lab.sweeps.resolvers import job_subdir
+from laplace_lab.sweeps.run_only import is_run_only
 from laplace_lab.sweeps.status import config_fingerprint, is_finished, read_status
 from tests.conftest import compose_config
 from tests.sweeps.helpers import TINY, multirun, require_plugin, summary
@@ -23,7 +24,9 @@ def test_sweep_layout_is_stable():
     hydra = yaml.safe_load((CONF_DIR / "train.yaml").read_text())["hydra"]
     assert hydra["sweep"]["dir"] == "${paths.output_root}/${experiment_name}/multirun"
     assert hydra["sweep"]["subdir"] == "${lab_job_subdir:${hydra:overrides.task}}"
-    assert {"hydra/launcher", "paths.output_root", "logger"} <= set(hydra["job"]["config"]["override_dirname"]["exclude_keys"])
+    # one run-only list (sweeps.run_only), no second one in Hydra's override_dirname.exclude_keys
+    assert "config" not in hydra["job"]
+    assert all(is_run_only(k) for k in ("hydra/launcher", "paths.output_root", "logger", "experiment"))
     assert "now:" in hydra["run"]["dir"]  # single runs keep their timestamped folder
     assert compose_config(["experiment_name=exp"]).experiment_name == "exp"
     assert job_subdir(["seed=1", "optimizer.lr=0.1"]) == "optimizer.lr=0.1,seed=1"

@@ -1,32 +1,25 @@
-"""Checks of a composed config that must fail before any data is loaded or any training runs.
+"""Combinations of options that must fail before any data is loaded or any training runs
+(``check_combinations``, on the typed ``RunConfig``; each option's own type and range are checked by
+``config.schema`` first). Each check raises ``ValueError`` naming the options and the allowed values.
 
-Each check raises ``ValueError`` with the option's name and the allowed values.
+``validate_config(cfg)`` reads a composed config (``DictConfig``) and runs every check: the one call
+the entry point makes before anything else.
 """
 
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
-from laplace_lab.config.values import validate_values
-from laplace_lab.laplace.options import Likelihood, LinkApprox, PredType
+from laplace_lab.config.schema import RunConfig
 from laplace_lab.laplace.predictive import check_nn_link
 from laplace_lab.laplace.spec import LaplaceSpec, hessian_structures, structure_class
 
 # data modules whose validation rows are held out of the training set, and the option that holds
 # them out (map_grid_refit gives them back by setting it to 0); the toy sets draw theirs apart
 HELD_OUT_VALIDATION = {"laplace_lab.data.UCIDataModule": "val_fraction", "laplace_lab.data.VisionDataModule": "n_val"}
-
-LIKELIHOOD_CHOICES = ("auto", *Likelihood.values())
-MARGLIK_MODES = ("off", "online", "posthoc")
-POSTHOC_PRIOR = ("none", "marglik", "gridsearch")
-EVIDENCE_POINTS = ("weights", "linear_mode")
-NONFINITE_LOSS = ("error", "skip")
-PRED_TYPES = PredType.values()
-LINKS = LinkApprox.values()
-
 LOSS_SCALES = ("nll", "mse")
+IMAGE_DATA = "laplace_lab.data.VisionDataModule"
 
 
 def check_loss_scale(loss_scale: str, likelihood: str) -> None:
@@ -44,60 +37,51 @@ def _require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def validate_config(cfg: DictConfig) -> None:
-    """Reject invalid option values and combinations of the root config and its groups
-    (first the per-value checks of ``laplace_lab.config.values``: finite, in range, typed, known keys)."""
-    validate_values(cfg)
-    _require(cfg.likelihood in LIKELIHOOD_CHOICES,
-             f"likelihood={cfg.likelihood!r} is not supported; allowed: {list(LIKELIHOOD_CHOICES)}")
-    _require(isinstance(cfg.seed, int) and cfg.seed >= 0, f"seed must be a non-negative integer; got {cfg.seed!r}")
-    for name in ("sigma_noise", "temperature"):
-        value = cfg.get(name)
-        _require(isinstance(value, (int, float)) and value > 0, f"{name} must be a positive number; got {value!r}")
-    weight_decay = cfg.optimizer.get("weight_decay", 0.0)
+def validate_config(cfg: Any) -> RunConfig:
+    """``config.load.load_run_config``: every check of a composed config; returns the typed config."""
+    from laplace_lab.config.load import load_run_config
+
+    return load_run_config(cfg)
+
+
+def check_combinations(run: RunConfig) -> None:
+    """Every combination check below, in the order a user meets them."""
+    check_root(run)
+    check_laplace(run)
+    check_augmentation(run)
+    check_ensemble(run)
+    check_checkpoint(run)
+
+
+def check_root(run: RunConfig) -> None:
+    """The root options with each other and with the MAP training."""
+    weight_decay = run.optimizer.get("weight_decay", 0.0)
     _require(
         not weight_decay,
         f"optimizer.weight_decay={weight_decay} is not allowed; allowed: 0. The Gaussian prior is the "
         "weight decay: set prior_precision (delta = weight_decay * N) instead.",
     )
-    _require(cfg.trainer.max_epochs is None or cfg.trainer.max_epochs >= 1,
-             f"trainer.max_epochs must be >= 1; got {cfg.trainer.max_epochs}")
-    _choice(cfg, "on_nonfinite_loss", NONFINITE_LOSS)
-    check_loss_scale(cfg.map_loss_scale, cfg.likelihood)
-    threads = cfg.get("torch_num_threads")
-    _require(threads is None or (isinstance(threads, int) and threads >= 1),
-             f"torch_num_threads must be null or a positive integer; got {threads!r}")
-    flush = cfg.get("flush_denormal")
-    _require(isinstance(flush, bool), f"flush_denormal must be true or false; got {flush!r}")
-    grid = cfg.get("map_grid")
+    check_loss_scale(run.map_loss_scale, run.likelihood)
+    grid = run.map_grid
     _require(
-        grid is None or (len(grid) > 0 and all(isinstance(v, (int, float)) and v > 0 for v in grid)),
+        grid is None or (len(grid) > 0 and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                                               for v in grid)),
         f"map_grid must be null or a non-empty list of positive prior precisions; got {grid}",
     )
-    _require(not (grid and cfg.marglik.mode == "online"),
+    _require(not (grid and run.marglik.online),
              "map_grid needs marglik.mode in ['off', 'posthoc'] (online marglik learns the prior precision)")
-    refit = cfg.get("map_grid_refit", False)
-    _require(isinstance(refit, bool), f"map_grid_refit must be true or false; got {refit!r}")
+    refit = run.map_grid_refit
     _require(not refit or grid, "map_grid_refit=true needs a map_grid (a list of prior precisions); got map_grid=null")
-    target = cfg.data.get("_target_")
+    target = run.data.get("_target_")
     _require(not refit or target in HELD_OUT_VALIDATION,
              f"map_grid_refit=true needs data whose validation rows are held out of the training set "
              f"(allowed: {sorted(HELD_OUT_VALIDATION)}); data {target!r} draws its validation set apart")
-    in_loss = cfg.get("prior_in_map_loss", True)
-    _require(isinstance(in_loss, bool), f"prior_in_map_loss must be true or false; got {in_loss!r}")
-    _require(in_loss or (cfg.marglik.mode != "online" and not grid),
+    _require(run.prior_in_map_loss or (not run.marglik.online and not grid),
              "prior_in_map_loss=false needs marglik.mode in ['off', 'posthoc'] and map_grid=null (online marglik "
              "and the weight-decay grid act through the prior term of the loss)")
-    validate_laplace_config(cfg)
 
 
-def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> str:
-    value = OmegaConf.select(cfg, key)
-    _require(value in allowed, f"{key}={value!r} is not supported; allowed: {list(allowed)}")
-    return value
-
-
-def _stray_options(curvature: DictConfig, declared: tuple[str, ...]) -> list[str]:
+def _stray_options(curvature: dict, declared: tuple[str, ...]) -> list[str]:
     """Options of other structures that ``curvature`` sets to something other than null or their
     structure's default (e.g. ``kfac_approx=reduce`` with ``hessian_structure=diag``), which the
     chosen structure would silently ignore."""
@@ -113,72 +97,129 @@ def _stray_options(curvature: DictConfig, declared: tuple[str, ...]) -> list[str
     return sorted(stray)
 
 
-def validate_laplace_config(cfg: DictConfig) -> None:
+def check_laplace(run: RunConfig) -> None:
     """The curvature x prior x marglik x predictive combination."""
-    structure = OmegaConf.select(cfg, "curvature.hessian_structure")
+    c, marglik = run.curvature, run.marglik
+    structure = c.hessian_structure
     declared = structure_class(structure).options if structure in hessian_structures() else ()
     if structure in hessian_structures():  # (an unknown name gets the spec's error below)
-        stray = _stray_options(cfg.curvature, declared)
+        stray = _stray_options(c.structure_options, declared)
         _require(not stray, f"curvature.{', curvature.'.join(stray)} is an option of another hessian_structure, "
                  f"not of curvature.hessian_structure={structure!r} (its options: {list(declared)}); remove it "
                  "or set it to null")
-    spec = LaplaceSpec(  # the engine's names and compatibility rules (laplace.spec)
-        subset_of_weights=OmegaConf.select(cfg, "curvature.subset_of_weights"),
-        hessian_structure=OmegaConf.select(cfg, "curvature.hessian_structure"),
-        curvature=OmegaConf.select(cfg, "curvature.type"), prior_structure=OmegaConf.select(cfg, "prior.structure"),
-        options={k: cfg.curvature[k] for k in declared if cfg.curvature.get(k) is not None},
+    LaplaceSpec(  # the engine's names and compatibility rules (laplace.spec)
+        subset_of_weights=c.subset_of_weights, hessian_structure=structure, curvature=c.type,
+        prior_structure=run.prior.structure,
+        options={k: c.structure_options[k] for k in declared if c.structure_options.get(k) is not None},
         keys={"subset_of_weights": "curvature.subset_of_weights", "hessian_structure": "curvature.hessian_structure",
               "curvature": "curvature.type", "prior_structure": "prior.structure"}
         | {k: f"curvature.{k}" for k in declared}).validate()
-    structure, curvature_type = spec.hessian_structure, spec.curvature
-    mode = _choice(cfg, "marglik.mode", MARGLIK_MODES)
-    pred_type = _choice(cfg, "predictive.pred_type", PRED_TYPES)
-    link = _choice(cfg, "predictive.link_approx", LINKS)
-    check_nn_link(pred_type, link, key=lambda name: f"predictive.{name}")
-    delta = cfg.prior.prior_precision
-    _require(isinstance(delta, (int, float)) and delta > 0, f"prior.prior_precision must be a positive number; got {delta!r}")
-    _require(int(cfg.curvature.n_mc_samples) >= 1, f"curvature.n_mc_samples must be >= 1; got {cfg.curvature.n_mc_samples}")
-    posthoc = cfg.marglik.get("posthoc_prior", "none")
-    _require(posthoc in POSTHOC_PRIOR, f"marglik.posthoc_prior={posthoc!r} is not supported; allowed: {list(POSTHOC_PRIOR)}")
-    if mode == "online":
-        for key in ("frequency", "n_steps"):
-            _require(int(cfg.marglik[key]) >= 1, f"marglik.{key} must be >= 1; got {cfg.marglik[key]}")
-        _require(int(cfg.marglik.burnin) >= 0, f"marglik.burnin must be >= 0; got {cfg.marglik.burnin}")
-        _require(cfg.marglik.log_min < cfg.marglik.log_max, "marglik.log_min must be < marglik.log_max")
-        fused = cfg.marglik.get("fused", False)
+    check_nn_link(run.predictive.pred_type, run.predictive.link_approx, key=lambda name: f"predictive.{name}")
+    if marglik.online:
+        _require(marglik.log_min < marglik.log_max, "marglik.log_min must be < marglik.log_max")
         _require(
-            not fused or (curvature_type in ("ef", "mc_fisher") and structure_class(structure).supports_fused
-                          and cfg.curvature.subset_of_weights == "all"),
+            not marglik.fused or (c.type in ("ef", "mc_fisher") and structure_class(structure).supports_fused
+                                  and c.subset_of_weights == "all"),
             "marglik.fused=true needs curvature.type in ['ef', 'mc_fisher'], curvature.hessian_structure in "
             f"{[n for n in hessian_structures() if structure_class(n).supports_fused]} and "
-            f"curvature.subset_of_weights='all'; got type={curvature_type!r}, "
-            f"structure={structure!r}, subset={cfg.curvature.subset_of_weights!r}",
+            f"curvature.subset_of_weights='all'; got type={c.type!r}, "
+            f"structure={structure!r}, subset={c.subset_of_weights!r}",
         )
-    validate_evidence_point(cfg, mode, posthoc, curvature_type, pred_type)
+    check_evidence_point(run)
     _require(
-        not (posthoc == "gridsearch" and pred_type == "map"),
+        not (marglik.posthoc_prior == "gridsearch" and run.predictive.pred_type == "map"),
         "marglik.posthoc_prior='gridsearch' needs a Laplace predictive; allowed predictive.pred_type: ['glm', 'nn']",
     )
 
 
-def validate_evidence_point(cfg: DictConfig, mode: str, posthoc: str, curvature_type: str, pred_type: str) -> None:
+def check_evidence_point(run: RunConfig) -> None:
     """``marglik.evidence_point`` (Antoran et al. 2022): ``linear_mode`` needs a post-hoc Laplace
     whose prior is fixed or tuned by the evidence, a GGN and a Gaussian or categorical likelihood."""
-    point = cfg.marglik.get("evidence_point", "weights")
-    _require(point in EVIDENCE_POINTS, f"marglik.evidence_point={point!r} is not supported; allowed: {list(EVIDENCE_POINTS)}")
-    if point == "weights":
+    marglik = run.marglik
+    if marglik.evidence_point == "weights":
         return
-    _require(mode in ("off", "posthoc"),
-             f"marglik.evidence_point='linear_mode' needs marglik.mode in ['off', 'posthoc']; got {mode!r} "
+    _require(not marglik.online,
+             f"marglik.evidence_point='linear_mode' needs marglik.mode in ['off', 'posthoc']; got {marglik.mode!r} "
              "(online marglik evaluates the evidence at the weights during training)")
-    _require(mode == "posthoc" or pred_type != "map",
+    _require(run.needs_posthoc_laplace,
              "marglik.evidence_point='linear_mode' needs a post-hoc Laplace: marglik.mode='posthoc' or "
              "predictive.pred_type in ['glm', 'nn']")
-    _require(posthoc in ("none", "marglik"),
-             f"marglik.evidence_point='linear_mode' needs marglik.posthoc_prior in ['none', 'marglik']; got {posthoc!r}")
-    _require(curvature_type == "ggn",
+    _require(marglik.posthoc_prior in ("none", "marglik"),
+             f"marglik.evidence_point='linear_mode' needs marglik.posthoc_prior in ['none', 'marglik']; got "
+             f"{marglik.posthoc_prior!r}")
+    _require(run.curvature.type == "ggn",
              f"marglik.evidence_point='linear_mode' needs curvature.type='ggn' (the Hessian of the linearised "
-             f"model's loss); got {curvature_type!r}")
-    _require(cfg.likelihood in ("auto", "classification", "regression"),
+             f"model's loss); got {run.curvature.type!r}")
+    _require(run.likelihood in ("auto", "classification", "regression"),
              f"marglik.evidence_point='linear_mode' needs likelihood in ['auto', 'classification', 'regression']; "
-             f"got {cfg.likelihood!r}")
+             f"got {run.likelihood!r}")
+
+
+def check_augmentation(run: RunConfig) -> None:
+    """``augmentation/`` with the data, the predictive and the online marglik (modes fixed, learned)."""
+    from laplace_lab.laplace import differentiable_marglik as dm
+    from laplace_lab.models.augmentation import TRANSFORMS, AffineAugmentation
+
+    aug = run.augmentation
+    if not aug.wraps_model:
+        return
+    mode = aug.mode
+    AffineAugmentation(int(aug.n_samples), dict(aug.init), list(aug.learnable) if mode == "learned" else [],
+                       aug.interpolation)  # raises on bad names / values
+    _require(run.data.get("_target_", "") == IMAGE_DATA,
+             f"augmentation.mode={mode!r} needs an image data set (data=mnist, ...); got "
+             f"data._target_={run.data.get('_target_')!r}")
+    _require(run.predictive.pred_type != "glm",
+             f"augmentation.mode={mode!r} supports predictive.pred_type in ['map', 'nn'] (the GLM predictive of an "
+             "output-averaged network is not implemented); got predictive.pred_type='glm'")
+    c = run.curvature
+    if run.marglik.online:  # the prior step fits the averaged model's curvature (fit_for_marglik)
+        structures = dm.laplace_structures()
+        _require(c.subset_of_weights == "all" and c.hessian_structure in structures and c.type in dm.CURVATURES,
+                 f"augmentation.mode={mode!r} with marglik=online needs curvature.subset_of_weights=all, "
+                 f"curvature.hessian_structure in {list(structures)} and curvature.type in "
+                 f"{list(dm.CURVATURES)}; got ({c.subset_of_weights}, {c.hessian_structure}, {c.type})")
+        _require(not run.marglik.fused,
+                 f"augmentation.mode={mode!r} needs marglik.fused=false (the fused curvature is the engine's KFAC of "
+                 "the augmented rows, not the averaged model's); got marglik.fused=true")
+    if mode == "learned":
+        _require(bool(aug.learnable), "augmentation.mode=learned needs a non-empty augmentation.learnable; "
+                 f"allowed names: {list(TRANSFORMS)}")
+        _require(run.marglik.online, f"augmentation.mode=learned needs marglik=online (the ranges are learned by the "
+                 f"online marglik); got marglik.mode={run.marglik.mode!r}")
+        _require(run.prior.structure in ("scalar", "layerwise"),
+                 f"augmentation.mode=learned needs prior.structure in ['scalar', 'layerwise']; got {run.prior.structure!r}")
+
+
+def check_ensemble(run: RunConfig) -> None:
+    """``ensemble.*`` with the MAP cache, the marglik, the grid and resuming."""
+    ens = run.ensemble
+    if ens.member is not None:
+        _require(ens.enabled, "ensemble.member needs ensemble.enabled=true (e.g. method=deep_ensemble or method=mola)")
+        _require(isinstance(ens.member, int) and not isinstance(ens.member, bool) and 0 <= ens.member < ens.size,
+                 f"ensemble.member must be null or an integer in [0, ensemble.size={ens.size}); got {ens.member!r}")
+        _require(run.map_cache.enabled and not run.marglik.online,
+                 "ensemble.member=<k> only trains member k into the MAP cache: it needs map_cache.enabled=true "
+                 f"and marglik.mode in ['off', 'posthoc']; got map_cache.enabled={run.map_cache.enabled}, "
+                 f"marglik.mode={run.marglik.mode!r}")
+    if not ens.enabled:
+        return
+    _require(not run.map_grid,
+             "map_grid is not supported with ensemble.enabled=true; allowed: map_grid=null (set prior.prior_precision)")
+    _require(ens.member is not None or not run.checkpoint.resume_from,
+             "checkpoint.resume_from resumes one network; with ensemble.enabled=true it is only allowed for a "
+             "single-member job (ensemble.member=<k>)")
+
+
+def check_checkpoint(run: RunConfig) -> None:
+    """``resume_from=last`` needs ``checkpoint.enabled=true`` (nothing would write the file it
+    resumes); a ``map_grid`` run trains one network per grid point, so one checkpoint path
+    cannot resume it (``last`` resumes each grid point from its own)."""
+    resume = run.checkpoint.resume_from
+    if resume == "last" and not run.checkpoint.enabled:
+        raise ValueError("checkpoint.resume_from=last resumes the run's own last.ckpt, which only "
+                         "checkpoint.enabled=true writes; set checkpoint.enabled=true, or resume_from to null or a .ckpt path")
+    if resume and resume != "last" and run.map_grid:
+        raise ValueError(f"checkpoint.resume_from={str(resume)!r} with map_grid: each grid point trains its own "
+                         "network, so one checkpoint cannot resume them; allowed: checkpoint.resume_from=last "
+                         "(each grid point from its own last.ckpt) or null")

@@ -1,13 +1,14 @@
-"""Value checks of a composed job config, run before any data is loaded (``validate_values``).
+"""Value checks of the whole job config and of the groups typed by a constructor, run before any
+data is loaded (``check_values``; ``config.load`` calls it before it builds the typed schema).
 
-- every number is finite (``nan`` / ``inf`` rejected anywhere) and the options of ``RANGES`` lie
-  in their range;
-- an option's type matches its defaults: a list where ``conf/<group>/*.yaml`` (or the target's
-  signature) has a list, ints where it has ints (``model.widths='50'`` is an error, not ``[5, 0]``);
-- no unknown keys under a group, also when added with ``+`` (``+marglik.typo=1``): the known keys
-  of a group are those of its option files, plus the constructor arguments of its ``_target_``;
+- every number is finite (``nan`` / ``inf`` rejected anywhere);
 - every ``_target_`` names a class under ``ALLOWED_TARGET_PREFIXES`` (a config is code: a
-  command-line ``_target_`` override could import and run anything).
+  command-line ``_target_`` override could import and run anything);
+- the ``_target_`` groups (``data``, ``model``, ``optimizer``, ``lr_scheduler``) and the Lightning
+  arguments of ``trainer``: their schema is the constructor's signature. No unknown keys, also when
+  added with ``+`` (``+optimizer.lrr=0.1``); an option's type matches its defaults in
+  ``conf/<group>/*.yaml`` or the signature (``model.widths='50'`` is an error, not ``[5, 0]``); the
+  options of ``RANGES`` lie in their range.
 
 Each check raises ``ValueError`` naming the option and the allowed values.
 """
@@ -21,33 +22,25 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from laplace_lab.config import CONF_DIR
 
 ALLOWED_TARGET_PREFIXES = ("laplace_lab.", "torch.", "pytorch_lightning.", "lightning.")
-# Groups checked for unknown keys: conf/<group>/*.yaml options; checkpoint and map_cache live in train.yaml.
-CHECKED_GROUPS = ("data", "model", "optimizer", "lr_scheduler", "trainer", "curvature", "prior", "marglik",
-                  "predictive", "logger", "paths", "checkpoint", "map_cache")
+# Groups typed by a constructor (the other groups: config.schema); trainer: Lightning's Trainer.
+CHECKED_GROUPS = ("data", "model", "optimizer", "lr_scheduler", "trainer")
 INF = math.inf
 # Keys of ours inside a group whose other keys are a constructor's arguments (trainer: Lightning's Trainer).
 OWN_KEYS = {"trainer": ("loop",)}
 
-# option: (kind, low, high, low inclusive, null allowed). kind "int" or "float" (ints accepted).
+# Options of the constructor-typed groups: (kind, low, high, low inclusive, null allowed); kind "int" or
+# "float" (ints accepted). The options of the other groups declare their range in config.schema.
 RANGES: dict[str, tuple[str, float, float, bool, bool]] = {
-    "seed": ("int", 0, INF, True, False),
-    "sigma_noise": ("float", 0, INF, False, False),
-    "temperature": ("float", 0, INF, False, False),
-    "torch_num_threads": ("int", 1, INF, True, True),
-    "prior.prior_precision": ("float", 0, INF, False, False),
     "optimizer.lr": ("float", 0, INF, False, False),
     "optimizer.momentum": ("float", 0, 1, True, False),
     "optimizer.eps": ("float", 0, INF, False, False),
     "lr_scheduler.T_max": ("int", 1, INF, True, False),
     "lr_scheduler.eta_min": ("float", 0, INF, True, False),
-    "trainer.max_epochs": ("int", 1, INF, True, True),
-    "trainer.gradient_clip_val": ("float", 0, INF, False, True),
-    "trainer.check_val_every_n_epoch": ("int", 1, INF, True, True),
     "data.batch_size": ("int", 1, INF, True, False),
     "data.eval_batch_size": ("int", 1, INF, True, False),
     "data.split": ("int", 0, INF, True, False),
@@ -60,27 +53,10 @@ RANGES: dict[str, tuple[str, float, float, bool, bool]] = {
     "data.noise": ("float", 0, INF, True, False),
     "data.noise_std": ("float", 0, INF, True, False),
     "data.fake_size": ("int", 1, INF, True, False),
-    "curvature.n_mc_samples": ("int", 1, INF, True, False),
-    "curvature.n_eigs": ("int", 1, INF, True, False),
-    "curvature.fit_batch_size": ("int", 1, INF, True, True),
-    "predictive.n_samples": ("int", 1, INF, True, False),
-    "marglik.lr_hyp": ("float", 0, INF, False, False),
-    "marglik.lr_hyp_min": ("float", 0, INF, True, True),
-    "marglik.n_steps": ("int", 1, INF, True, False),
-    "marglik.frequency": ("int", 1, INF, True, False),
-    "marglik.burnin": ("int", 0, INF, True, False),
-    "marglik.linear_mode.n_outer": ("int", 1, INF, True, False),
-    "marglik.linear_mode.tol": ("float", 0, INF, False, False),
-    "marglik.linear_mode.round_newton": ("int", 1, INF, True, True),
-    "marglik.linear_mode.prior_max_iter": ("int", 1, INF, True, False),
-    "marglik.linear_mode.max_newton": ("int", 1, INF, True, False),
-    "marglik.linear_mode.newton_tol": ("float", 0, INF, False, False),
-    "marglik.linear_mode.cg_tol": ("float", 0, INF, False, False),
-    "marglik.linear_mode.cg_max_iter": ("int", 1, INF, True, False),
-    "checkpoint.every_n_epochs": ("int", 1, INF, True, False),
+    "trainer.check_val_every_n_epoch": ("int", 1, INF, True, True),  # a Trainer argument outside TrainerConfig
 }
 # Shown beside the option's name where the name alone is terse.
-DESCRIPTIONS = {"optimizer.lr": " (the learning rate)", "prior.prior_precision": " (the prior precision delta)"}
+DESCRIPTIONS = {"optimizer.lr": " (the learning rate)"}
 
 
 def _fail(message: str) -> None:
@@ -167,11 +143,15 @@ def _record(schema: dict[str, set], key: str, value: Any) -> None:
 @functools.cache
 def group_schema(group: str) -> dict[str, frozenset]:
     """Known keys of ``group`` (dotted, relative to it) and the type classes of their defaults
-    in the group's option files (``conf/<group>/*.yaml``, or the node of ``conf/train.yaml``)."""
+    in the group's option files (``conf/<group>/*.yaml``; trainer: ``config.schema.TrainerConfig``)."""
     schema: dict[str, set] = {}
-    folder = CONF_DIR / group
-    nodes = ([OmegaConf.to_container(OmegaConf.load(p), resolve=False) for p in sorted(folder.glob("*.yaml"))]
-             if folder.is_dir() else [OmegaConf.to_container(OmegaConf.load(CONF_DIR / "train.yaml"))[group]])
+    if group == "trainer":  # our own keys: config.schema
+        from laplace_lab.config.fields import defaults
+        from laplace_lab.config.schema import TrainerConfig
+
+        nodes = [defaults(TrainerConfig)]
+    else:
+        nodes = [OmegaConf.to_container(OmegaConf.load(p), resolve=False) for p in sorted((CONF_DIR / group).glob("*.yaml"))]
     for node in nodes:
         for key, value in (node or {}).items():
             if key != "defaults":
@@ -276,10 +256,8 @@ def check_targets(data: Mapping) -> None:
                   "(presets are code: a _target_ is imported and called)")
 
 
-def validate_values(cfg: DictConfig) -> None:
-    """All value checks above, on the job config (the ``hydra`` node left out)."""
-    data = OmegaConf.to_container(cfg, resolve=True)
-    data.pop("hydra", None)
+def check_values(data: Mapping) -> None:
+    """All value checks above, on the resolved job config (a plain mapping, no ``hydra`` node)."""
     check_targets(data)
     check_finite(data)
     check_group_keys(data)

@@ -15,17 +15,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
+from laplace_lab.config.schema import RunConfig
 from laplace_lab.reporting.csv_metrics import CSVMetricsLogger
 
 log = logging.getLogger(__name__)
-WANDB_MODES = ("offline", "online", "disabled")
 
 
-def flatten_config(cfg: DictConfig | dict, sep: str = ".") -> dict[str, Any]:
-    """``{"optimizer": {"lr": 1e-3}}`` -> ``{"optimizer.lr": 1e-3}`` (resolved; lists kept whole, {} -> None)."""
-    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg
+def flatten_config(data: dict, sep: str = ".") -> dict[str, Any]:
+    """``{"optimizer": {"lr": 1e-3}}`` -> ``{"optimizer.lr": 1e-3}`` (lists kept whole, {} -> None)."""
     flat: dict[str, Any] = {}
 
     def visit(node: Any, prefix: str) -> None:
@@ -53,34 +50,31 @@ def _multirun_job_name() -> str | None:
     return None
 
 
-def build_loggers(cfg: DictConfig, output_dir: Path, plain: bool = False) -> list:
+def build_loggers(run: RunConfig, output_dir: Path, plain: bool = False) -> list:
     """CSV logger in ``output_dir/csv``; wandb run in ``output_dir/wandb`` with the flattened config.
     ``plain``: for the plain loop (no Lightning; the wandb logger then is an error)."""
     loggers: list = []
-    wandb_cfg = cfg.logger.get("wandb", {})
+    wandb = run.logger.wandb
     if plain:
-        if wandb_cfg.get("enabled", False):
+        if wandb.enabled:
             raise ValueError("logger.wandb.enabled=true needs trainer.loop in ['auto', 'lightning']")
-        return [CSVMetricsLogger(output_dir, "csv")] if cfg.logger.get("csv", True) else []
+        return [CSVMetricsLogger(output_dir, "csv")] if run.logger.csv else []
     from pytorch_lightning.loggers import CSVLogger, WandbLogger
 
-    if cfg.logger.get("csv", True):
+    if run.logger.csv:
         loggers.append(CSVLogger(save_dir=str(output_dir), name="csv", version=""))
-    if wandb_cfg.get("enabled", False):
-        mode = wandb_cfg.get("mode", "offline")
-        if mode not in WANDB_MODES:
-            raise ValueError(f"logger.wandb.mode={mode!r} is not supported; allowed: {list(WANDB_MODES)}")
+    if wandb.enabled:
         loggers.append(
             WandbLogger(
                 save_dir=str(output_dir),
-                project=wandb_cfg.get("project", "laplace-lab"),
-                entity=wandb_cfg.get("entity"),
-                group=wandb_cfg.get("group"),
-                job_type=wandb_cfg.get("job_type"),
-                tags=list(wandb_cfg.get("tags", [])),
-                name=wandb_cfg.get("name") or _multirun_job_name(),
-                mode=mode,
-                config=flatten_config(cfg),
+                project=wandb.project,
+                entity=wandb.entity,
+                group=wandb.group,
+                job_type=wandb.job_type,
+                tags=list(wandb.tags),
+                name=_multirun_job_name(),
+                mode=wandb.mode,
+                config=flatten_config(run.raw),
             )
         )
     return loggers

@@ -12,18 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from laplace_lab.reporting.model_selection import validate_spec
 
 AGGREGATE_KEYS = ("name", "metrics", "group_by", "seed_keys", "results_dir", "figures", "model_selection")
 
 
 def validate_aggregate(aggregate: Any) -> dict[str, Any] | None:
-    """The ``aggregate`` option as a plain dict (or None); unknown keys raise a ValueError."""
+    """The ``aggregate`` option (a mapping) as a plain dict (or None); unknown keys raise a ValueError."""
     if aggregate is None:
         return None
-    spec = OmegaConf.to_container(aggregate, resolve=True) if isinstance(aggregate, DictConfig) else dict(aggregate)
+    spec = dict(aggregate)
     unknown = sorted(set(spec) - set(AGGREGATE_KEYS))
     if unknown:
         raise ValueError(f"aggregate has unknown keys {unknown}; "

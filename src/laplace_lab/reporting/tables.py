@@ -20,8 +20,7 @@ is computed per job from its logged metrics (``laplace_lab.reporting.derived_met
 Every job folder under the given multirun folders with a ``metrics.json`` (and, when it has a
 ``status.json`` marker, state ``finished``) is one run. Runs are grouped by the method keys: by
 default every key of the jobs' ``.hydra/overrides.yaml`` except the seed keys (``seed``,
-``data.split``), the keys Hydra keeps out of folder names (``exclude_keys``) and run-only keys
-(``sweeps.status.RUN_ONLY_*``); numbers written differently (``1``, ``1.0``) are one value. A group-by key is
+``data.split``) and run-only keys (``sweeps.run_only``: also the preset choice and Hydra's groups); numbers written differently (``1``, ``1.0``) are one value. A group-by key is
 looked up in the job's overrides, then its config-group choices (``model``, ``curvature``, ...),
 then its resolved config (``curvature.hessian_structure``); ``devices.<field>`` (e.g.
 ``devices.cuda_visible_devices``, ``devices.torch_device``) groups by the device a job recorded in
@@ -78,6 +77,7 @@ from laplace_lab.reporting.provenance import (
     run_launches,
 )
 from laplace_lab.reporting.summary_stats import mean_se
+from laplace_lab.sweeps import run_only
 from laplace_lab.sweeps.run_only import parse_value
 from laplace_lab.sweeps.status import (
     DEVICE_FIELDS,
@@ -113,7 +113,6 @@ class Run:
     choices: dict[str, str] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     status: dict[str, Any] = field(default_factory=dict)
-    exclude_keys: tuple[str, ...] = ()
 
     def value(self, key: str) -> str:
         """The run's value of ``key`` as text (overrides, then group choices, then config);
@@ -226,7 +225,6 @@ def load_run(job_dir: Path) -> tuple[Run | None, str | None]:
         config = _load_yaml(job_dir / "config_resolved.yaml") or {}
     except (OSError, yaml.YAMLError, AttributeError, TypeError) as err:
         return None, f"its Hydra config files cannot be read ({type(err).__name__}: {err})"
-    exclude = (((hydra_cfg.get("job") or {}).get("config") or {}).get("override_dirname") or {}).get("exclude_keys")
     return Run(
         path=job_dir,
         metrics={k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
@@ -234,7 +232,6 @@ def load_run(job_dir: Path) -> tuple[Run | None, str | None]:
         choices=dict((hydra_cfg.get("runtime") or {}).get("choices") or {}),
         config=config,
         status=status or {},
-        exclude_keys=tuple(exclude or ()),
     ), None
 
 
@@ -274,11 +271,12 @@ def duplicate_jobs(runs: list[Run]) -> list[list[Run]]:
 
 
 def default_group_by(runs: list[Run], seed_keys: tuple[str, ...]) -> list[str]:
-    """Every override key of the runs, in first-seen order, less seed, excluded and run-only keys."""
+    """Every override key of the runs, in first-seen order, less seed and run-only keys (the preset
+    choice and Hydra's groups included: ``sweeps.run_only.is_run_only``)."""
     keys: list[str] = []
     for run in runs:
         for key in run.overrides:
-            if key not in keys and key not in seed_keys and key not in run.exclude_keys and not is_run_only(key):
+            if key not in keys and key not in seed_keys and not run_only.is_run_only(key):
                 keys.append(key)
     return keys
 

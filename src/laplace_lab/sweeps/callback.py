@@ -115,7 +115,8 @@ class SweepSummary(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
-            self.aggregate = self.aggregate or self._validate(OmegaConf.select(config, "aggregate"))
+            root = OmegaConf.select(config, "aggregate")
+            self.aggregate = self.aggregate or self._validate(None if root is None else OmegaConf.to_container(root, resolve=True))
         except ValueError as err:
             # Hydra turns exceptions raised by callbacks into warnings; stop before any job runs.
             log.error("%s", err)

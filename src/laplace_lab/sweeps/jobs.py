@@ -25,12 +25,13 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
 
 from laplace_lab.sweeps.devices import device_record
+from laplace_lab.sweeps.run_only import job_dirname
 from laplace_lab.sweeps.status import (
     ENTRY,
     config_fingerprint,
@@ -48,8 +49,9 @@ FAILED_FILE = "FAILED"  # the traceback of the last failed attempt (removed when
 DEFAULT_OBJECTIVE = "val/nll"
 
 
-def objective_key(cfg: DictConfig) -> str:
-    return str(OmegaConf.select(cfg, "sweep_objective", default=DEFAULT_OBJECTIVE))
+def objective_key(cfg: Any) -> str:
+    """``sweep_objective`` of the job config (a mapping), else ``DEFAULT_OBJECTIVE``."""
+    return str(cfg.get("sweep_objective") or DEFAULT_OBJECTIVE)
 
 
 def objective(metrics: dict[str, float] | None, key: str) -> float:
@@ -63,7 +65,7 @@ def _is_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-RunFn = Callable[[DictConfig, Path], dict[str, float]]
+RunFn = Callable[[Any, Path], dict[str, float]]
 
 
 def record_devices(output_dir: Path, trainer=None, module=None) -> dict:
@@ -74,8 +76,9 @@ def record_devices(output_dir: Path, trainer=None, module=None) -> dict:
     return record
 
 
-def run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
-    """Run ``run_fn(cfg, output_dir)`` (skipping finished multirun jobs); return the objective.
+def run_tracked(run_fn: RunFn, cfg: Any, output_dir: Path) -> float:
+    """Run ``run_fn(cfg, output_dir)`` (skipping finished multirun jobs); return the objective. ``cfg``
+    is the composed job config (a mapping), handed to ``run_fn`` as it is and hashed here.
 
     The output folder is logged when the run starts and when it ends (finished, skipped or failed)."""
     log.info("Output folder: %s", output_dir.resolve())
@@ -85,11 +88,12 @@ def run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
         log.info("Run ended; its outputs are in %s", output_dir.resolve())
 
 
-def _run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
+def _run_tracked(run_fn: RunFn, cfg: Any, output_dir: Path) -> float:
     key = objective_key(cfg)
     if not _is_multirun():
         return objective(run_fn(cfg, output_dir), key)
     hc = HydraConfig.get()
+    name = job_dirname(hc.overrides.task)
     launch_id = job_launch_id(hc)
     output_dir.mkdir(parents=True, exist_ok=True)
     fingerprint = config_fingerprint(cfg)
@@ -97,10 +101,10 @@ def _run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
     old_hash = (read_status(output_dir) or {}).get("config_hash", fingerprint)  # none: a marker from before hashes
     if finished and old_hash != fingerprint:
         log.warning("Job #%s %s finished before with a different config (hash %s, now %s): running it again",
-                    hc.job.num, hc.job.override_dirname, old_hash, fingerprint)
+                    hc.job.num, name, old_hash, fingerprint)
         (output_dir / "metrics.json").unlink()
     elif finished:
-        log.info("Skipping job #%s %s: already finished in %s", hc.job.num, hc.job.override_dirname, output_dir)
+        log.info("Skipping job #%s %s: already finished in %s", hc.job.num, name, output_dir)
         write_status(output_dir, last_launch_id=launch_id, last_action="skipped", skipped_at=now_iso())
         return objective(json.loads((output_dir / "metrics.json").read_text()), key)
     overrides = list(hc.overrides.task)
@@ -118,7 +122,7 @@ def _run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
         write_status(output_dir, state="failed", ended=now_iso(), ended_unix=time.time(), wall_s=time.perf_counter() - start,
                      error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(), hardware=hardware())
         (output_dir / FAILED_FILE).write_text(traceback.format_exc())
-        log.error("Job #%s %s FAILED (%s: %s); traceback in %s", hc.job.num, hc.job.override_dirname,
+        log.error("Job #%s %s FAILED (%s: %s); traceback in %s", hc.job.num, name,
                   type(err).__name__, err, output_dir / "status.json")
         return math.nan
     write_status(output_dir, state="finished", ended=now_iso(), ended_unix=time.time(), wall_s=time.perf_counter() - start,

@@ -10,6 +10,10 @@ Three things ignore them, all through this module:
 - the sweep's config hash (``sweeps.status.config_fingerprint``): a finished job is not re-run;
 - the MAP-cache key (``training.map_cache``).
 
+Hydra's own ``hydra.job.override_dirname`` is not used: this module is the one list.
+``WIRING_KEYS`` (``module``, ``callbacks``) only name objects by ``_target_`` (their options are in
+the groups): they name job folders like any key, but stay out of the config hash, as the code does.
+
 ``RUN_ONLY_KEYS`` are top-level keys dropped whole; ``RUN_ONLY_SUBKEYS[group]`` are keys dropped
 inside a group. Override values are normalised in names (``1``, ``1.0`` and ``1e0`` are one job:
 ``normalize_value``, ``normalized_overrides``), so one value never makes two folders. (Tables
@@ -34,6 +38,7 @@ RUN_ONLY_SUBKEYS = {
 # (the sweep folder is named by it) and Hydra's own groups.
 RUN_ONLY_OVERRIDES = ("experiment", "hydra")
 MAX_NAME_CHARS = 200
+WIRING_KEYS = ("module", "callbacks")
 
 
 def strip_run_only(data: dict[str, Any], keys: tuple[str, ...] = RUN_ONLY_KEYS,

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 # RUN_ONLY_KEYS / RUN_ONLY_SUBKEYS are re-exported: the one list lives in sweeps.run_only.
-from laplace_lab.sweeps.run_only import RUN_ONLY_KEYS, RUN_ONLY_SUBKEYS, strip_run_only  # noqa: F401
+from laplace_lab.sweeps.run_only import RUN_ONLY_KEYS, RUN_ONLY_SUBKEYS, WIRING_KEYS, strip_run_only  # noqa: F401
 
 STATUS_FILE = "status.json"
 LAUNCH_LOG = "launches.jsonl"
@@ -45,11 +45,13 @@ DEVICE_FIELDS = ("cuda_visible_devices", "torch_device", "accelerator", "device_
 
 
 def config_fingerprint(cfg: Any) -> str:
-    """Stable hash of the resolved job config less its run-only keys (``run_only.strip_run_only``)."""
+    """Stable hash of the resolved job config less its run-only keys (``run_only.strip_run_only``) and
+    the nodes that only name objects (``run_only.WIRING_KEYS``)."""
     from omegaconf import OmegaConf
 
     data = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
-    return hashlib.sha256(json.dumps(strip_run_only(data), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    data = {k: v for k, v in strip_run_only(data).items() if k not in WIRING_KEYS and k != "hydra"}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def now_iso() -> str:

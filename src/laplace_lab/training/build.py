@@ -1,61 +1,66 @@
-"""The data module and the training module of a run, built from its config (no training yet).
+"""The data module and the training module of a run, built from its typed config (no training yet).
 
-Used by the entry point (``laplace_lab.train``) and by analyses of finished jobs
-(``training.job_laplace``), which rebuild a job from its ``config_resolved.yaml``.
+The training module's class is the config's ``module._target_`` (``conf/train.yaml``: ``MAPCore``);
+under Lightning's Trainer its LightningModule twin (``lightning_classes.lightning_twin``) runs. Used
+by the entry point and by analyses of finished jobs (``training.job_laplace``), which rebuild a job
+from its ``config_resolved.yaml``.
 """
 
 from __future__ import annotations
 
-from omegaconf import DictConfig
+from hydra.utils import get_class
 
 from laplace_lab.config.instantiate import instantiate
+from laplace_lab.config.schema import RunConfig
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.training.module import MAPCore
 
 
-def resolve_likelihood(cfg: DictConfig, datamodule: LabDataModule) -> str:
+def resolve_likelihood(likelihood: str, datamodule: LabDataModule) -> str:
     """``likelihood: auto`` follows the data module's task; an explicit value must fit it."""
-    if cfg.likelihood == "auto":
+    if likelihood == "auto":
         return datamodule.task
-    expected = "classification" if cfg.likelihood == "classification" else "regression"
+    expected = "classification" if likelihood == "classification" else "regression"
     if datamodule.task != expected:
-        raise ValueError(f"likelihood={cfg.likelihood!r} does not fit a {datamodule.task} dataset")
-    return cfg.likelihood
+        raise ValueError(f"likelihood={likelihood!r} does not fit a {datamodule.task} dataset")
+    return likelihood
 
 
-def uses_augmentation(cfg: DictConfig) -> bool:
-    """An ``augmentation`` group other than mode ``none`` (its module imports Lightning)."""
-    aug = cfg.get("augmentation")
-    return aug is not None and aug.get("mode") != "none"
-
-
-def build(cfg: DictConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPCore]:
-    """Instantiate the data module and the training module (no training yet): a ``MAPModule``
-    (LightningModule) for ``loop="lightning"``, a ``MAPCore`` for the plain loop."""
-    if loop == "lightning":  # imported before the data module, which is then a LightningDataModule (data.base)
-        from laplace_lab.training.module import MAPModule as module_class
-    else:
-        module_class = MAPCore
-    datamodule: LabDataModule = instantiate(cfg.data)
-    likelihood = resolve_likelihood(cfg, datamodule)
+def build(run: RunConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPCore]:
+    """Instantiate the data module and the training module: ``module._target_`` for the plain loop
+    (``loop="plain"``), its LightningModule twin for ``loop="lightning"``."""
+    module_class = training_class(run.module["_target_"], loop)  # Lightning first: data.base
+    datamodule: LabDataModule = instantiate(run.data)
+    likelihood = resolve_likelihood(run.likelihood, datamodule)
     n_out = datamodule.num_outputs * (2 if likelihood == "heteroscedastic_regression" else 1)
-    model = instantiate(cfg.model)(input_shape=datamodule.input_shape, num_outputs=n_out)
-    if uses_augmentation(cfg):  # augmentation/: logits averaged over transforms
+    model = instantiate(run.model)(input_shape=datamodule.input_shape, num_outputs=n_out)
+    if run.augmentation.wraps_model:  # augmentation/: logits averaged over transforms (imports Lightning)
         from laplace_lab.training.augmentation import wrap_model
 
-        model = wrap_model(cfg.get("augmentation"), model)
-    scheduler = instantiate(cfg.lr_scheduler) if cfg.get("lr_scheduler") else None
+        model = wrap_model(run.augmentation, model)
+    scheduler = instantiate(run.lr_scheduler) if run.lr_scheduler else None
     module = module_class(
         model=model,
         likelihood=likelihood,
         n_data=datamodule.n_train,
-        optimizer=instantiate(cfg.optimizer),
+        optimizer=instantiate(run.optimizer),
         lr_scheduler=scheduler,
-        prior_precision=cfg.prior.prior_precision,
-        sigma_noise=cfg.sigma_noise,
-        temperature=cfg.temperature,
-        prior_in_loss=cfg.prior_in_map_loss,
-        on_nonfinite_loss=cfg.on_nonfinite_loss,
-        loss_scale=cfg.map_loss_scale,
+        prior_precision=run.prior.prior_precision,
+        sigma_noise=run.sigma_noise,
+        temperature=run.temperature,
+        prior_in_loss=run.prior_in_map_loss,
+        on_nonfinite_loss=run.on_nonfinite_loss,
+        loss_scale=run.map_loss_scale,
     )
     return datamodule, module
+
+
+def training_class(target: str, loop: str) -> type:
+    """The class ``target`` names (``_target_``), or for ``loop="lightning"`` its Lightning twin
+    (``lightning_classes.lightning_twin``; importing it makes data modules LightningDataModules)."""
+    cls = get_class(target)
+    if loop == "lightning":
+        from laplace_lab.training.lightning_classes import lightning_twin
+
+        cls = lightning_twin(cls)
+    return cls

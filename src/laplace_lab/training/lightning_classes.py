@@ -27,3 +27,16 @@ class MAPModule(MAPCore, pl.LightningModule):
 
 class OnlineMarglik(OnlineMarglikCore, pl.Callback):
     """``OnlineMarglikCore`` as a Lightning callback (checkpoint state under the key ``OnlineMarglik``)."""
+
+
+TWINS = {MAPCore: MAPModule, OnlineMarglikCore: OnlineMarglik}
+
+
+def lightning_twin(cls: type) -> type:
+    """The Lightning class of a core class (``MAPCore`` -> ``MAPModule``); a Lightning class itself."""
+    if issubclass(cls, (pl.LightningModule, pl.Callback)):
+        return cls
+    if cls not in TWINS:
+        raise ValueError(f"{cls.__module__}.{cls.__qualname__} has no Lightning class for trainer.loop=lightning; "
+                         f"allowed: {[f'{c.__module__}.{c.__qualname__}' for c in TWINS]} or a Lightning class")
+    return TWINS[cls]

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from omegaconf import DictConfig
 
+from laplace_lab.config.schema import PredictiveConfig
 from laplace_lab.training.module import MAPCore
 from laplace_lab.training.nll import natural_to_mean_var
 
@@ -26,7 +26,7 @@ def map_predictor(module: MAPCore) -> Callable:
     return predict
 
 
-def laplace_predictor(la, predictive: DictConfig) -> Callable:
+def laplace_predictor(la, predictive: PredictiveConfig) -> Callable:
     """The Laplace predictive ``la(x, pred_type, link_approx, n_samples)`` of ``predictive/``."""
 
     def predict(x: torch.Tensor):
