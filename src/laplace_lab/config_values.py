@@ -6,8 +6,8 @@
   signature) has a list, ints where it has ints (``model.widths='50'`` is an error, not ``[5, 0]``);
 - no unknown keys under a group, also when added with ``+`` (``+marglik.typo=1``): the known keys
   of a group are those of its option files, plus the constructor arguments of its ``_target_``;
-- every ``_target_`` names a class under ``ALLOWED_TARGET_PREFIXES`` (a config is code: a
-  command-line ``_target_`` override could import and run anything).
+- every ``_target_`` is one of ``safe_targets.ALLOWED_TARGETS`` (a config is code: a command-line
+  ``_target_`` override could import and run anything).
 
 Each check raises ``ValueError`` naming the option and the allowed values.
 """
@@ -24,8 +24,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from laplace_lab.safe_targets import ALLOWED_TARGETS, check_targets
+
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-ALLOWED_TARGET_PREFIXES = ("laplace_lab.", "torch.", "pytorch_lightning.", "lightning.")
 # Groups checked for unknown keys: conf/<group>/*.yaml options; checkpoint and map_cache live in train.yaml.
 CHECKED_GROUPS = ("data", "model", "optimizer", "lr_scheduler", "trainer", "curvature", "prior", "marglik",
                   "predictive", "logger", "paths", "checkpoint", "map_cache")
@@ -193,8 +194,7 @@ def _target_class(group: str, node: Mapping) -> Any:
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError):
-        _fail(f"{group}._target_={target!r} cannot be imported; allowed: an importable class under "
-              f"{list(ALLOWED_TARGET_PREFIXES)}")
+        _fail(f"{group}._target_={target!r} cannot be imported; allowed: {sorted(ALLOWED_TARGETS)}")
 
 
 def _accepted_args(cls: Any) -> dict[str, inspect.Parameter] | None:
@@ -268,12 +268,6 @@ def _check_type(name: str, value: Any, kinds: frozenset) -> None:
             _fail(f"{name}={list(value)!r} must be a list of integers; got entries {bad}")
 
 
-def check_targets(data: Mapping) -> None:
-    """Every ``_target_`` names a class under ``ALLOWED_TARGET_PREFIXES``."""
-    for key, value in _leaves(data):
-        if key.split(".")[-1] == "_target_" and not (isinstance(value, str) and value.startswith(ALLOWED_TARGET_PREFIXES)):
-            _fail(f"{key}={value!r} is not allowed; allowed: classes under {list(ALLOWED_TARGET_PREFIXES)} "
-                  "(presets are code: a _target_ is imported and called)")
 
 
 def validate_values(cfg: DictConfig) -> None:
