@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from laplace_lab.config_validation import HELD_OUT_VALIDATION, validate_config
 from laplace_lab.data.base import LabDataModule
+from laplace_lab.data.split_checks import check_nonempty
 from laplace_lab.evaluation.config import validate_config as validate_evaluation_config
 from laplace_lab.io.atomic import write_text_atomic
 from laplace_lab.run_loggers import build_loggers, finish_loggers
@@ -125,6 +126,7 @@ def build(cfg: DictConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPC
         on_nonfinite_loss=cfg.on_nonfinite_loss,
         loss_scale=cfg.map_loss_scale,
     )
+    check_nonempty(datamodule, f"data {cfg.data.get('_target_')}")  # set up by n_train above; before any training
     return datamodule, module
 
 
