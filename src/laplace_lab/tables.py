@@ -65,6 +65,7 @@ import yaml
 
 from laplace_lab import reference as ref
 from laplace_lab.derived_metrics import add_derived
+from laplace_lab.io.atomic import write_text_atomic
 from laplace_lab.model_selection import rank_candidates, validate_spec
 from laplace_lab.model_selection import to_markdown as selection_markdown
 from laplace_lab.provenance import (
@@ -78,7 +79,6 @@ from laplace_lab.provenance import (
     run_commit,
     run_launches,
 )
-from laplace_lab.io.atomic import write_text_atomic
 from laplace_lab.summary_stats import mean_se
 from laplace_lab.sweeps.run_only import parse_value
 from laplace_lab.sweeps.status import (
@@ -682,8 +682,9 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     launch_issues = launch_problems(runs, launches)
     if commit_issues and not allow_mixed:
         raise ProvenanceError(f"refusing to write table {name!r}: " + "; ".join(commit_issues)
-                              + ". Rerun the jobs from one clean commit, or pass --allow-mixed (allow_mixed=True): "
-                              "the table then names the commit of every row.")
+                              + ". Rerun the jobs from one clean commit (a relaunch skips finished jobs: launch into "
+                              "a new folder with hydra.sweep.dir=..., or delete the jobs' folders first), or pass "
+                              "--allow-mixed (allow_mixed=True): the table then names the commit of every row.")
     if launch_issues and not allow_mixed_launches:
         raise ProvenanceError(f"refusing to write table {name!r}: " + "; ".join(launch_issues)
                               + ". Aggregate each launch's sweep folder separately, or pass --allow-mixed-launches.")

@@ -1,5 +1,5 @@
 """One broken file never blocks a sweep: a cut-off ``metrics.json`` / ``status.json`` is named, moved
-aside and the job runs again; a cut-off ``launches.jsonl`` line is named and skipped, and the next
+aside and the job runs again (an earlier attempt's wandb run moved out of ``wandb/``); a cut-off ``launches.jsonl`` line is named and skipped, and the next
 launch starts on a line of its own; an unreadable MAP-cache entry is named and retrained; writers
 never share a temporary file (``io.atomic``)."""
 
@@ -34,8 +34,11 @@ def test_cut_off_job_files_are_moved_aside_and_the_jobs_run_again(tmp_path, caps
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"unreadable {done.name}  (state finished, but metrics.json is not valid JSON"), lines
     assert lines[1].startswith(f"unreadable {other.name}  (status.json is not valid JSON"), lines
+    old_run = other / "wandb" / "offline-run-20250101_000000-killed"  # the killed attempt's wandb run
+    old_run.mkdir(parents=True)
     proc, again = multirun(tmp_path, *TINY, "seed=0,1")
     assert again == sweep and proc.returncode == 0, proc.stderr[-3000:]
+    assert not old_run.exists() and len(list(other.glob("superseded/*/wandb/offline-run-*-killed"))) == 1
     assert summary(sweep)["counts"] == {"finished": 2, "skipped": 0, "failed": 0, "unfinished": 0}
     for job, name in ((done, "metrics.json"), (other, "status.json")):
         assert len(list(job.glob(f"{name}.unreadable-*"))) == 1

@@ -27,21 +27,21 @@ def test_failed_and_unfinished_jobs_are_named_with_why(sweep, tmp_path):  # noqa
 
 
 def test_metric_names_and_cells_are_escaped(tmp_path):
-    sweep = tmp_path / "multirun"
+    folder = tmp_path / "multirun"
     for seed in (0, 1):
-        make_job(sweep, "mlp", "kron", seed, {"test/a|b": 0.5, "test/<b>x</b>": 1.0})
-    md = tables.aggregate([sweep], "t")[0].read_text()
+        make_job(folder, "mlp", "kron", seed, {"test/a|b": 0.5, "test/<b>x</b>": 1.0})
+    md = tables.aggregate([folder], "t")[0].read_text()
     header = next(line for line in md.splitlines() if line.startswith("| model"))
     assert header.count(" | ") == 4 and "test/a\\|b" in header and "&lt;b&gt;x&lt;/b&gt;" in header
     assert "<b>" not in md
 
 
 def test_a_huge_integer_is_left_out_as_non_finite(tmp_path):
-    sweep = tmp_path / "multirun"
-    make_job(sweep, "mlp", "kron", 0, {"test/map/acc": 0.5})
-    job = make_job(sweep, "mlp", "kron", 1, {"test/map/acc": 0.7})
+    folder = tmp_path / "multirun"
+    make_job(folder, "mlp", "kron", 0, {"test/map/acc": 0.5})
+    job = make_job(folder, "mlp", "kron", 1, {"test/map/acc": 0.7})
     (job / "metrics.json").write_text('{"test/map/acc": ' + "9" * 400 + "}")
-    md = tables.aggregate([sweep], "t", metrics=["test/map/acc"])[0].read_text()
+    md = tables.aggregate([folder], "t", metrics=["test/map/acc"])[0].read_text()
     assert "0.5000 (n=1; 1 non-finite left out)" in md and "test/map/acc = inf" in md
 
 

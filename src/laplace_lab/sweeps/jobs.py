@@ -34,6 +34,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from laplace_lab.io.atomic import write_text_atomic
 from laplace_lab.sweeps.devices import device_record
 from laplace_lab.sweeps.signals import JobInterrupted
 from laplace_lab.sweeps.status import (
@@ -165,7 +166,7 @@ def _run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
     except Exception as err:  # noqa: BLE001 - a failing job must not stop the others
         write_status(output_dir, state="failed", ended=now_iso(), ended_unix=time.time(), wall_s=time.perf_counter() - start,
                      error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(), hardware=hardware())
-        (output_dir / FAILED_FILE).write_text(traceback.format_exc())
+        write_text_atomic(output_dir / FAILED_FILE, traceback.format_exc())
         log.error("Job #%s %s FAILED (%s: %s); traceback in %s", hc.job.num, hc.job.override_dirname,
                   type(err).__name__, err, output_dir / "status.json")
         return math.nan
