@@ -95,3 +95,11 @@ def test_the_three_files_are_written_whole(sweep, tmp_path, monkeypatch):  # noq
         tables.aggregate([sweep], "t", metrics=["test/map/acc", "test/la/nll"])
     assert paths[1].read_text() == old[paths[1]]
     assert not [p for p in sweep.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_refusal_of_dirty_jobs_says_a_relaunch_skips_them(sweep, repo):  # noqa: F811
+    job = next(p.parent for p in sweep.rglob("status.json") if json.loads(p.read_text())["state"] == "finished")
+    status = json.loads((job / "status.json").read_text())
+    (job / "status.json").write_text(json.dumps({**status, "git": {**status["git"], "dirty": True}}))
+    with pytest.raises(tables.ProvenanceError, match=r"a relaunch skips finished jobs: launch into a new folder"):
+        tables.aggregate([sweep], "t", metrics=["test/map/acc"])
