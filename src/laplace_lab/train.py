@@ -30,7 +30,7 @@ from laplace_lab.data.split_checks import check_nonempty
 from laplace_lab.evaluation.config import validate_config as validate_evaluation_config
 from laplace_lab.io.atomic import write_text_atomic
 from laplace_lab.run_loggers import build_loggers, finish_loggers
-from laplace_lab.safe_targets import guard_hydra_callbacks
+from laplace_lab.safe_targets import check_targets, guard_hydra_callbacks
 from laplace_lab.sweeps.devices import check_accelerator
 from laplace_lab.sweeps.jobs import record_devices, run_tracked
 from laplace_lab.sweeps.signals import exit_on_interrupt
@@ -99,7 +99,10 @@ def _uses_augmentation(cfg: DictConfig) -> bool:
 
 def build(cfg: DictConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPCore]:
     """Instantiate the data module and the training module (no training yet): a ``MAPModule``
-    (LightningModule) for ``loop="lightning"``, a ``MAPCore`` for the plain loop."""
+    (LightningModule) for ``loop="lightning"``, a ``MAPCore`` for the plain loop. Every ``_target_`` of
+    ``cfg`` is checked against the allowlist first (``safe_targets``): callers rebuild jobs from
+    their ``config_resolved.yaml`` through here."""
+    check_targets(cfg)
     if loop == "lightning":  # imported before the data module, which is then a LightningDataModule (data.base)
         from laplace_lab.training.module import MAPModule as module_class
     else:

@@ -111,6 +111,12 @@ def test_job_laplace_checks_the_restored_config_and_the_checkpoint(evil, tmp_pat
                                                                         "weights_only": False}}))
     with pytest.raises(ValueError, match=r"data._target_='torch.load' in .*config_resolved.yaml is not allowed"):
         job_laplace.load_job(job)
+    from omegaconf import OmegaConf
+
+    from laplace_lab.train import build
+
+    with pytest.raises(ValueError, match=r"data._target_='torch.load' is not allowed"):  # any rebuild of a job
+        build(OmegaConf.load(job / "config_resolved.yaml"), "plain")
     (job / "checkpoints" / "last.ckpt").write_bytes(path.read_bytes())
     with pytest.raises(ValueError, match=r"last.ckpt cannot be read as a checkpoint .* weights_only=True"):
         job_laplace.best_state(job)
