@@ -51,13 +51,13 @@ def validate_checkpoint_config(cfg: DictConfig) -> None:
     if resume == LAST and not cfg.checkpoint.get("enabled"):
         raise ValueError("checkpoint.resume_from=last resumes the run's own last.ckpt, which only "
                          "checkpoint.enabled=true writes; set checkpoint.enabled=true, or resume_from to null or a .ckpt path")
-    if resume and resume != LAST and not Path(str(resume)).is_file():
-        raise ValueError(f"checkpoint.resume_from={str(resume)!r} does not exist (or is not a file); allowed: the "
-                         "path of a .ckpt file, last (the run's own last.ckpt, if any) or null")
     if resume and resume != LAST and cfg.get("map_grid"):
         raise ValueError(f"checkpoint.resume_from={str(resume)!r} with map_grid: each grid point trains its own "
                          "network, so one checkpoint cannot resume them; allowed: checkpoint.resume_from=last "
                          "(each grid point from its own last.ckpt) or null")
+    if resume and resume != LAST and not Path(str(resume)).is_file():
+        raise ValueError(f"checkpoint.resume_from={str(resume)!r} does not exist (or is not a file); allowed: the "
+                         "path of a .ckpt file, last (the run's own last.ckpt, if any) or null")
 
 
 def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
