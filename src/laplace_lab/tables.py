@@ -89,6 +89,7 @@ from laplace_lab.sweeps.status import (
     device_texts,
     hardware,
     last_launch_id,
+    read_json_file,
 )
 from laplace_lab.sweeps.status import job_seconds as status_job_seconds
 from laplace_lab.table_commit import TableShape, check_replacement, seed_set
@@ -198,19 +199,6 @@ def _load_yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text()) if path.is_file() else None
 
 
-def _read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(object, None), or (None, why it cannot be used)."""
-    try:
-        data = json.loads(path.read_text())
-    except OSError as err:
-        return None, f"{path.name} cannot be read ({err})"
-    except ValueError as err:
-        return None, f"{path.name} is not valid JSON ({err})"
-    if not isinstance(data, dict):
-        return None, f"{path.name} is not a JSON object"
-    return data, None
-
-
 def as_float(value: int | float) -> float:
     """A metric as a float; an integer too large for one (``10**400``) as +-inf, which the table then
     leaves out of its cells and lists as non-finite."""
@@ -237,14 +225,14 @@ def load_run(job_dir: Path) -> tuple[Run | None, str | None]:
     file of the job cannot be read."""
     status = None
     if (job_dir / STATUS_FILE).exists():
-        status, error = _read_json(job_dir / STATUS_FILE)
+        status, error = read_json_file(job_dir / STATUS_FILE)
         if error:
             return None, error
         if status.get("state") != "finished":
             return None, None
     if not (job_dir / "metrics.json").is_file():
         return None, f"{STATUS_FILE} says finished but metrics.json is missing"
-    metrics, error = _read_json(job_dir / "metrics.json")
+    metrics, error = read_json_file(job_dir / "metrics.json")
     if error:
         return None, error
     try:
