@@ -74,7 +74,7 @@ def _fitted(model, data, structure, subset="all"):
 
 
 def _cfg(**kw):
-    return LandscapeConfig(**{"enabled": True, "grid_points": 5, "n_train": None, "n_test": None, "extent": 2.0,
+    return LandscapeConfig(**{"enabled": True, "grid_points": 5, "grid_points_1d": 7, "n_train": None, "n_test": None, "extent": 2.0,
                               "n_directions": 3, **kw})
 
 
@@ -184,6 +184,7 @@ def test_filter_normalisation_per_filter_norms():
     "cfg,match",
     [
         ({"landscape": {"grid_points": 0}}, r"evaluation\.landscape\.grid_points=0 must be an integer >= 3"),
+        ({"landscape": {"grid_points_1d": 2}}, r"evaluation\.landscape\.grid_points_1d=2 must be an integer >= 3"),
         ({"landscape": {"extent": -1.0}}, r"evaluation\.landscape\.extent=-1.0 must be a positive number"),
         ({"landscape": {"directions": "pca"}},
          r"evaluation\.landscape\.directions='pca' is not supported; allowed: \['random', 'eigen'\]"),
@@ -243,7 +244,7 @@ def test_run_evaluation_draws_and_logs_the_landscape(tmp_path, image_data, image
                  prior_precision=1.0)
     la.fit(DataLoader(train, batch_size=64))
     cfg = {"progress": False, "ood": {"enabled": False}, "shift": {"rotation": {"enabled": False}},
-           "landscape": {"enabled": True, "grid_points": 5, "n_train": 100, "n_test": 50, "html": True}}
+           "landscape": {"enabled": True, "grid_points": 5, "grid_points_1d": 5, "n_train": 100, "n_test": 50, "html": True}}
     wandb_logger = WandbLogger(save_dir=str(tmp_path), offline=True, project="laplace-lab-test")
     out = tmp_path / "out"
     metrics = run_evaluation(cfg, "classification", predictors, test_loader, out_dir=out, logger=wandb_logger,

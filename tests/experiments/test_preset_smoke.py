@@ -49,6 +49,7 @@ SMOKE = {
                                  "augmentation.n_samples=2", "marglik.burnin=0", "trainer.limit_val_batches=1"],
     "landscape_mnist": ['hydra.sweeper.params.seed="0,1"', "trainer.max_epochs=1", "data.n_train_subset=256",
                         "trainer.limit_val_batches=1", "evaluation.landscape.grid_points=3",
+                        "evaluation.landscape.grid_points_1d=3",
                         "evaluation.landscape.n_test=64"],
     "cifar10_resnet18": ['hydra.sweeper.params.seed="0,1"', "data=fake_data", "trainer=debug", "model.width=4",
                          "logger.wandb.enabled=false", "data.num_workers=0", CIFAR_SMOKE_METRICS],

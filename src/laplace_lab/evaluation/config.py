@@ -213,7 +213,8 @@ class LandscapeConfig:
     enabled: bool = _f(False, C.boolean)
     directions: str = _f("random", C.choice(LANDSCAPE_DIRECTIONS))  # random: filter-normalised; eigen: top of H
     n_directions: int = _f(2, C.int_at_least(2))  # 1-D slices along each; the 2-D slice spans the first two
-    grid_points: int = _f(21, C.int_at_least(3))  # per axis, of every grid
+    grid_points: int = _f(21, C.int_at_least(3))  # per axis of the 2-D grids
+    grid_points_1d: int = _f(51, C.int_at_least(3))  # of the 1-D grids
     extent: float = _f(1.0, C.positive_float())  # loss / test-metric grid: [-extent, extent] x the direction
     posterior_extent: float | None = _f(None, C.positive_float(optional=True))  # likelihood grid; null: n_std
     posterior_n_std: float = _f(3.0, C.positive_float())  # likelihood grid: +- this many Gaussian slice stds

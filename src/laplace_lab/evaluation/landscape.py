@@ -34,7 +34,8 @@ Directions (``directions``):
   full, per-layer KFAC eigenbases, lowrank), the posterior's sharpest directions, each scaled to the
   norm of ``theta_hat`` over the subset.
 
-Grids: loss and test metric on ``[-extent, extent]`` per axis; likelihood vs Gaussian on
+Grids (``grid_points`` per axis in 2-D, ``grid_points_1d`` in 1-D): loss and test metric on
+``[-extent, extent]`` per axis; likelihood vs Gaussian on
 ``+- posterior_extent``, or ``+- posterior_n_std / sqrt(Q_ii)`` (that many standard deviations of
 the Gaussian's slice along ``d_i``): at the full-data scale the posterior is about ``sqrt(N)``
 times narrower than the loss landscape. Cost: one loss per grid point, each a forward pass over
@@ -338,10 +339,9 @@ def _compute(la, inputs_train, inputs_test, cfg, chunk_size, progress) -> Landsc
                         sample_rows(inputs_test, cfg.n_test, cfg.seed, chunk_size), device)
     offset = la.mean.detach() - loss_fn.theta
     Q, r = slice_precision(la.structure, la.H_factor, la.structure_prior, D, offset)
-    k, G = D.shape[0], cfg.grid_points
+    k, G, G1 = D.shape[0], cfg.grid_points, cfg.grid_points_1d
     halves = _posterior_halves(cfg, Q)
-    loss_axis = _axis(cfg.extent, G)
-    n_loss, n_post = k * G + G * G, k * G + G * G
+    n_loss, n_post = k * G1 + G * G, k * G1 + G * G
     n_test = sum(len(y) for _, y in loss_fn.test)
     rows = f"{loss_fn.n_rows} training rows" + (f" (of {loss_fn.n_data}, loss scaled by N/n)"
                                                 if loss_fn.n_rows != loss_fn.n_data else "")
@@ -380,9 +380,9 @@ def _compute(la, inputs_train, inputs_test, cfg, chunk_size, progress) -> Landsc
         return out
 
     try:
-        one_d = [grid([loss_axis], [i], True) for i in range(k)]
-        two_d = grid([loss_axis, loss_axis], [0, 1], True)
-        post_one_d = [grid([_axis(halves[i], G)], [i], False) for i in range(k)]
+        one_d = [grid([_axis(cfg.extent, G1)], [i], True) for i in range(k)]
+        two_d = grid([_axis(cfg.extent, G), _axis(cfg.extent, G)], [0, 1], True)
+        post_one_d = [grid([_axis(halves[i], G1)], [i], False) for i in range(k)]
         post_two_d = grid([_axis(halves[0], G), _axis(halves[1], G)], [0, 1], False)
     finally:
         bar.close()

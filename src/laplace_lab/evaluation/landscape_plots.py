@@ -74,7 +74,7 @@ def figure_1d(ls: Landscape, dataset: str | None = None) -> Figure:
     metric_ax.legend(fontsize=6)
     for i, g in enumerate(ls.post_one_d):
         color, a = COLORBLIND[i % len(COLORBLIND)], g.axes[0]
-        probe = f"curvature ratio {ls.curvature_ratio[i]:.3g}, offset {ls.offset_std[i]:.3g} std"
+        probe = f"curvature ratio {ls.curvature_ratio[i]:.3f}, offset {ls.offset_std[i]:.2f} std"
         log_lik, log_gauss = -g.values["delta"], g.values["log_gauss"]
         for row, (lik, gauss, ylabel) in enumerate((
                 (_peak_one(log_lik), _peak_one(log_gauss), "density / its largest grid value"),
@@ -108,7 +108,7 @@ def figure_2d(ls: Landscape, dataset: str | None = None) -> Figure:
     fig, axes = new_figure(1, 2, size=(4.6, 3.9))
     levels, norm = _loss_levels(g.values["loss"])
     cs = axes[0, 0].contourf(A, B, g.values["loss"], levels=levels, norm=norm, cmap="viridis")
-    fig.colorbar(cs, ax=axes[0, 0], label=LOSS_LABEL, format="%.3g")
+    fig.colorbar(cs, ax=axes[0, 0], label=LOSS_LABEL, format="%.3g", ticks=levels[::4])
     axes[0, 0].set(title="training loss")
     cm = axes[0, 1].contourf(A, B, g.values["metric"], levels=21, cmap="magma")
     fig.colorbar(cm, ax=axes[0, 1], label=f"test {ls.metric_name}", format="%.3g")
