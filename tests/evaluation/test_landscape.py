@@ -280,3 +280,24 @@ def test_landscape_off_or_without_inputs_is_skipped(tmp_path, image_setup):
     on = {**cfg, "landscape": {"enabled": True}}
     run_evaluation(on, "classification", predictors, test_loader, out_dir=tmp_path / "on")
     assert "run_evaluation's landscape" in json.loads((tmp_path / "on" / "eval_report.json").read_text())["skipped"]["landscape"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("subset,structure,directions", [("last_layer", "kron", "eigen"), ("all", "full", "random")])
+def test_landscape_on_cuda_matches_the_cpu(linear_setup, subset, structure, directions):
+    """The same slices on the GPU as on the CPU: a Sequential's last layer (the cached-inputs
+    shortcut) and the two-layer linear model (the general forward)."""
+    import copy
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double() if subset == "last_layer" \
+        else linear_setup[0]
+    data = linear_setup[1]
+    on = {}
+    for device in ("cpu", "cuda"):
+        m = copy.deepcopy(model).to(device)
+        la = _fitted(m, TensorDataset(*(t.to(device) for t in data.tensors)), structure, subset)
+        on[device] = compute_landscape(la, data, data, _cfg(directions=directions))
+    for g_cpu, g_gpu in zip(_all_grids(on["cpu"]), _all_grids(on["cuda"])):
+        for key in ("delta", "log_gauss", "loss"):
+            np.testing.assert_allclose(g_gpu.values[key], g_cpu.values[key], rtol=1e-7, atol=1e-7)
