@@ -180,6 +180,17 @@ def test_filter_normalisation_per_filter_norms():
     torch.testing.assert_close(parts2[0], parts[0])
 
 
+def test_random_directions_over_biases_only_need_biases_weights():
+    model = nn.Sequential(nn.Linear(3, 2)).double()
+    model[0].weight.requires_grad_(False)
+    data = _data()
+    la = _fitted(model, data, "full")
+    with pytest.raises(ValueError, match=r"evaluation\.landscape\.biases='zero' leaves every random direction zero"):
+        landscape_directions(la, _cfg())
+    D, _ = landscape_directions(la, _cfg(biases="weights"))
+    torch.testing.assert_close(D[0], model[0].bias.detach())
+
+
 @pytest.mark.parametrize(
     "cfg,match",
     [

@@ -101,6 +101,9 @@ def landscape_directions(la, cfg: LandscapeConfig) -> tuple[Tensor, list[str]]:
     if cfg.directions == "random":
         g = torch.Generator().manual_seed(cfg.seed)
         D = torch.stack([filter_normalized_direction(la.params, g, cfg.biases) for _ in range(k)])
+        if not bool(D.ne(0).any()):
+            raise ValueError("evaluation.landscape.biases='zero' leaves every random direction zero: the Laplace's "
+                             "weights are all 1-D tensors; use evaluation.landscape.biases='weights'")
         return D, [f"random {i + 1}" for i in range(k)]
     lam, U = la.structure.curvature_top_eigenvectors(k)
     if lam.numel() < k:
