@@ -10,6 +10,7 @@ import inspect
 from omegaconf import DictConfig, OmegaConf
 
 from laplace_lab.config_values import validate_values
+from laplace_lab.data.size_checks import check_data_sizes
 from laplace_lab.laplace.options import Likelihood, LinkApprox, PredType
 from laplace_lab.laplace.predictive import check_nn_link
 from laplace_lab.laplace.spec import LaplaceSpec, hessian_structures, structure_class
@@ -37,6 +38,7 @@ def validate_config(cfg: DictConfig) -> None:
     """Reject invalid option values and combinations of the root config and its groups
     (first the per-value checks of ``laplace_lab.config_values``: finite, in range, typed, known keys)."""
     validate_values(cfg)
+    check_data_sizes(cfg.data)  # sizes against the data set (toy2d classes, a fifth of the images to validation)
     _require(cfg.likelihood in LIKELIHOOD_CHOICES,
              f"likelihood={cfg.likelihood!r} is not supported; allowed: {list(LIKELIHOOD_CHOICES)}")
     _require(isinstance(cfg.seed, int) and cfg.seed >= 0, f"seed must be a non-negative integer; got {cfg.seed!r}")

@@ -26,11 +26,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from laplace_lab.config_validation import HELD_OUT_VALIDATION, validate_config
 from laplace_lab.data.base import LabDataModule
+from laplace_lab.data.split_checks import check_nonempty
 from laplace_lab.evaluation.config import check_landscape_run
 from laplace_lab.evaluation.config import validate_config as validate_evaluation_config
+from laplace_lab.io.atomic import write_text_atomic
 from laplace_lab.run_loggers import build_loggers, finish_loggers
+from laplace_lab.safe_targets import check_targets, guard_hydra_callbacks
 from laplace_lab.sweeps.devices import check_accelerator
 from laplace_lab.sweeps.jobs import record_devices, run_tracked
+from laplace_lab.sweeps.signals import exit_on_interrupt
 from laplace_lab.training import ensemble, loop_choice, map_cache
 from laplace_lab.training.module import MAPCore
 from laplace_lab.training.online_marglik import OnlineMarglikCore
@@ -49,6 +53,7 @@ from laplace_lab.training.resume import (
 log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 CONFIG_ERRORS = (ValueError, FileNotFoundError)  # what validation and our constructors raise on bad input
+guard_hydra_callbacks()  # hydra.callbacks.* targets are checked against the allowlist before Hydra builds them
 
 
 @contextmanager
@@ -95,7 +100,10 @@ def _uses_augmentation(cfg: DictConfig) -> bool:
 
 def build(cfg: DictConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPCore]:
     """Instantiate the data module and the training module (no training yet): a ``MAPModule``
-    (LightningModule) for ``loop="lightning"``, a ``MAPCore`` for the plain loop."""
+    (LightningModule) for ``loop="lightning"``, a ``MAPCore`` for the plain loop. Every ``_target_`` of
+    ``cfg`` is checked against the allowlist first (``safe_targets``): callers rebuild jobs from
+    their ``config_resolved.yaml`` through here."""
+    check_targets(cfg)
     if loop == "lightning":  # imported before the data module, which is then a LightningDataModule (data.base)
         from laplace_lab.training.module import MAPModule as module_class
     else:
@@ -122,6 +130,7 @@ def build(cfg: DictConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPC
         on_nonfinite_loss=cfg.on_nonfinite_loss,
         loss_scale=cfg.map_loss_scale,
     )
+    check_nonempty(datamodule, f"data {cfg.data.get('_target_')}")  # set up by n_train above; before any training
     return datamodule, module
 
 
@@ -257,7 +266,8 @@ def train_map(cfg: DictConfig, output_dir: Path, loggers, loop: str | None = Non
         if loop == "plain":  # (a run resuming from a checkpoint is never plain: loop_choice)
             trainer.fit(module, datamodule)
         else:
-            trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
+            # (check_resume read the checkpoint with weights_only=True already; Lightning reads it the same way)
+            trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
         map_cache.save(module, cached, map_cache.key_contents(cfg, datamodule) if cached else None)
         # with a resumed checkpoint: the earlier launches' training time up to it, plus this launch's
         metrics = {"time/fit_s": module.fit_seconds()}
@@ -427,7 +437,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
         check_accelerator(cfg.trainer)
         loop = loop_choice.choose_loop(cfg)
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    write_text_atomic(output_dir / "config_resolved.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     set_cpu_modes(cfg)
     if ensemble.enabled(cfg) and cfg.ensemble.member is not None:  # train one member into the MAP cache
         return ensemble.run_member_job(cfg, output_dir, train_map)
@@ -459,16 +469,18 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
         if module.likelihood != "classification":
             warn_if_underfit(metrics, train_target_std(datamodule))
     finish_loggers(loggers)
-    (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    write_text_atomic(output_dir / "metrics.json", json.dumps(metrics, indent=2))
     headline = {k: v for k, v in metrics.items() if k.startswith(("test/", "time/", "hparams/", "laplace/"))}
     print("Final metrics:\n" + "\n".join(f"  {k}: {v:.4f}" for k, v in headline.items()))
     check_final_metrics(metrics, output_dir / "metrics.json")
     return metrics
 
 
+@exit_on_interrupt
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> float:
     """One run; in a multirun, skips finished jobs and records failures (``laplace_lab.sweeps``).
+    SIGTERM / SIGINT mark the job failed and exit 128 + the signal number (``sweeps.signals``).
 
     Returns the sweep objective (``val/nll``), which the Optuna sweeper minimises.
     """
