@@ -21,7 +21,7 @@ LAYERS = [
     ("laplace_lab.sweeps",),
     ("laplace_lab.config",),
     ("laplace_lab.evaluation", "laplace_lab.data", "laplace_lab.models"),
-    ("laplace_lab.laplace",),
+    ("laplace_lab.laplace", "laplace_lab.io"),
 ]
 LAYER_OF = {name: depth for depth, row in enumerate(LAYERS) for name in row}
 # The engine is pure PyTorch: usable and testable without these.

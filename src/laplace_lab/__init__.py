@@ -2,8 +2,9 @@
 
 Packages, from the entry point down (each imports only the ones below it; ``tests/test_architecture.py``
 checks it): ``train`` (the Hydra entry point), ``reporting`` (tables, reference verdicts, provenance,
-figures, run loggers), ``training`` and ``evaluation``, ``sweeps`` (resumable multiruns), ``config``
-(the typed schema and its validation), ``data`` and ``models``, and ``laplace`` (the engine, pure PyTorch).
+figures, run loggers), ``training``, ``sweeps`` (resumable multiruns), ``config`` (the typed schema and its validation),
+``evaluation``, ``data`` and ``models``, and ``laplace`` (the engine, pure PyTorch) with ``io``
+(atomic file writes).
 """
 
 from __future__ import annotations

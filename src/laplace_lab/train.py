@@ -21,16 +21,19 @@ from pathlib import Path
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from laplace_lab.config import CONF_DIR
 from laplace_lab.config.instantiate import CONFIG_ERRORS, config_phase
 from laplace_lab.config.schema import RunConfig
+from laplace_lab.config.targets import guard_hydra_callbacks
 from laplace_lab.config.validation import validate_config
 from laplace_lab.data.base import LabDataModule
+from laplace_lab.io.atomic import write_text_atomic
 from laplace_lab.reporting.run_loggers import build_loggers, finish_loggers
 from laplace_lab.sweeps.devices import check_accelerator
-from laplace_lab.sweeps.jobs import record_devices, run_tracked
+from laplace_lab.sweeps.jobs import is_multirun, job_checkpoint_dir, record_devices, run_tracked
+from laplace_lab.sweeps.signals import exit_on_interrupt
 from laplace_lab.training import ensemble, loop_choice
 from laplace_lab.training.fit import train_map
 from laplace_lab.training.map_grid import train_map_grid
@@ -40,6 +43,7 @@ from laplace_lab.training.predictors import laplace_predictor, map_predictor
 from laplace_lab.training.underfit import train_target_std, warn_if_underfit
 
 log = logging.getLogger(__name__)
+guard_hydra_callbacks()  # hydra.callbacks.* targets are checked against the allowlist before Hydra builds them
 
 
 class NonFiniteMetricsError(RuntimeError):
@@ -48,12 +52,13 @@ class NonFiniteMetricsError(RuntimeError):
 
 def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     """Validate, build, train and evaluate one run; returns the final metrics."""
+    narrow_checkpoint_dir(cfg, output_dir)
     with config_phase():  # bad input: the message alone, before any data is loaded
         job = validate_config(cfg)
         check_accelerator(job.trainer.accelerator, job.trainer.devices)
         loop = loop_choice.choose_loop(job)
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    write_text_atomic(output_dir / "config_resolved.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     set_cpu_modes(job)
     if job.ensemble.enabled and job.ensemble.member is not None:  # train one member into the MAP cache
         return ensemble.run_member_job(job, output_dir, train_map)
@@ -82,11 +87,24 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
         if module.likelihood != "classification":
             warn_if_underfit(metrics, train_target_std(datamodule))
     finish_loggers(loggers)
-    (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    write_text_atomic(output_dir / "metrics.json", json.dumps(metrics, indent=2))
     headline = {k: v for k, v in metrics.items() if k.startswith(("test/", "time/", "hparams/", "laplace/"))}
     print("Final metrics:\n" + "\n".join(f"  {k}: {v:.4f}" for k, v in headline.items()))
     check_final_metrics(metrics, output_dir / "metrics.json")
     return metrics
+
+
+def narrow_checkpoint_dir(cfg: DictConfig, output_dir: Path) -> None:
+    """A multirun job's explicit ``checkpoint.dirpath`` becomes its own folder under it
+    (``sweeps.jobs.job_checkpoint_dir``), so the jobs neither overwrite nor resume each other's checkpoints."""
+    dirpath = OmegaConf.select(cfg, "checkpoint.dirpath")
+    if not dirpath or not is_multirun():
+        return
+    narrowed = job_checkpoint_dir(str(dirpath), output_dir, OmegaConf.select(cfg, "paths.output_root"))
+    with read_write(cfg), open_dict(cfg):
+        cfg.checkpoint.dirpath = narrowed
+    log.info("checkpoint.dirpath=%s is shared by the jobs of this multirun: this job's checkpoints go to %s",
+             dirpath, narrowed)
 
 
 def set_cpu_modes(job: RunConfig) -> None:
@@ -109,10 +127,14 @@ def evaluate(job: RunConfig, module: MAPCore, datamodule: LabDataModule, la, log
     predictors.update(extra_predictors or {})
     task = "classification" if module.likelihood == "classification" else "regression"
     is_toy2d = task == "classification" and tuple(datamodule.input_shape) == (2,)
+    from laplace_lab.evaluation.landscape import LandscapeInputs
     from laplace_lab.evaluation.runner import (
         run_evaluation,  # pandas and matplotlib load when a run evaluates
     )
 
+    landscape = None  # the loss landscape around the MAP beside la's Gaussian (evaluation.landscape)
+    if la is not None and job.evaluation.landscape.enabled:
+        landscape = LandscapeInputs(la, datamodule.train_set, datamodule.test_set)
     return run_evaluation(
         job.evaluation, task, predictors, datamodule.test_dataloader(), ood_loaders=datamodule.ood_dataloaders(),
         attack_model=module.model, out_dir=output_dir, logger=loggers,
@@ -120,7 +142,7 @@ def evaluate(job: RunConfig, module: MAPCore, datamodule: LabDataModule, la, log
         target_std=datamodule.target_std if datamodule.target_std is not None else 1.0,
         dataset=getattr(datamodule, "name", None), data_dir=job.paths.data_dir,
         input_range=datamodule.input_range, toy_data=datamodule.train_set.tensors if is_toy2d else None,
-        step=step,
+        step=step, landscape=landscape,
     )
 
 
@@ -132,9 +154,12 @@ def check_final_metrics(metrics: dict[str, float], path: Path) -> None:
                                     f"(all metrics are kept in {path})")
 
 
+@exit_on_interrupt
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> float:
     """One run; in a multirun, skips finished jobs and records failures (``laplace_lab.sweeps``).
+    SIGTERM / SIGINT mark the job failed and exit 128 + the signal number (``sweeps.signals``).
+    SIGTERM / SIGINT mark the job failed and exit 128 + the signal number (``sweeps.signals``).
 
     Returns the sweep objective (``val/nll``), which the Optuna sweeper minimises.
     """

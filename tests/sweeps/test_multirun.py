@@ -178,3 +178,14 @@ def test_failed_aggregation_exits_1_and_says_the_jobs_are_fine(tmp_path, monkeyp
     assert "Aggregation of" in caplog.text and "RuntimeError: broken table" in caplog.text
     assert "the table of" in caplog.text and "was not written" in caplog.text
     assert "failed and" not in caplog.text  # no job failed: not the re-run message
+
+
+def test_a_switched_off_feature_stays_out_of_the_config_hash():
+    """``evaluation.landscape`` counts only when enabled: adding a feature that is off does not make
+    finished jobs run again (``run_only.SWITCHED_OFF``); its options count once it is on."""
+    base = compose_config(["seed=0"])
+    assert config_fingerprint(compose_config(["seed=0", "evaluation.landscape.grid_points=5"])) == config_fingerprint(base)
+    on = compose_config(["seed=0", "evaluation.landscape.enabled=true"])
+    assert config_fingerprint(on) != config_fingerprint(base)
+    assert config_fingerprint(compose_config(["seed=0", "evaluation.landscape.enabled=true",
+                                              "evaluation.landscape.grid_points=5"])) != config_fingerprint(on)

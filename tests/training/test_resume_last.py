@@ -88,7 +88,8 @@ def test_resume_path(tmp_path):
     assert resume_path(cfg, tmp_path) == str(tmp_path / "checkpoints" / "last.ckpt")
     cfg = run_config(["data=sinusoid", *RESUME, f"checkpoint.dirpath={tmp_path / 'elsewhere'}"])
     assert resume_path(cfg, tmp_path) is None
-    assert resume_path(run_config(["checkpoint.resume_from=/x/y.ckpt"]), tmp_path) == "/x/y.ckpt"
+    (tmp_path / "y.ckpt").write_bytes(b"")  # (a path must exist: config.validation)
+    assert resume_path(run_config([f"checkpoint.resume_from={tmp_path / 'y.ckpt'}"]), tmp_path) == str(tmp_path / "y.ckpt")
     assert resume_path(run_config([]), tmp_path) is None
 
 

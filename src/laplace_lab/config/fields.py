@@ -101,8 +101,9 @@ def check(name: str, value: Any, spec: Spec) -> Any:
     if spec.message is not None and not _accepts(value, spec):
         _fail(spec.message.format(name=name, value=value))
     if spec.kind == "bool":
-        if not isinstance(value, bool):
-            _fail(f"{name} must be true or false; got {value!r}")
+        if not isinstance(value, bool):  # (a group's option names its type; a root option says true or false)
+            _fail(f"{name}={value!r} has the wrong type: got a {type_name(value)}; allowed: a bool" if "." in name
+                  else f"{name} must be true or false; got {value!r}")
         return value
     if spec.kind in ("int", "float"):
         _check_number(name, value, spec)
@@ -160,7 +161,8 @@ def build(cls: type, data: Mapping | None, path: str, extra_keys=()) -> Any:
     known = set(fields) | set(extra_keys)
     for key in data:
         if key not in known:
-            _fail(f"{_join(path, key)} is not a known option of {where}; allowed: {sorted(known)}")
+            _fail(f"{key} is not a known root option; allowed: {sorted(known)}" if not path else
+                  f"{_join(path, key)} is not a known option of {where}; allowed: {sorted(known)}")
     values = {}
     for name, f in fields.items():
         if data.get(name, f.default) == REQUIRED:

@@ -104,7 +104,7 @@ def load_run_config(cfg: Any) -> RunConfig:
     check_values(data)
     groups = {name for name in GROUPS} | set(TARGET_GROUPS)
     root = {k: v for k, v in data.items() if k not in groups and k not in ROOT_EXTRA}
-    options = build(RootOptions, root, "")
+    options = build(RootOptions, root, "", extra_keys=(*groups, *ROOT_EXTRA))
     typed: dict[str, Any] = {}
     for name, (cls, _) in GROUPS.items():
         node = data.get(name)

@@ -38,7 +38,9 @@ class PathsConfig:
 @dataclass(frozen=True)
 class WandbConfig:
     enabled: bool = option(True, "bool")
-    mode: str = option("${oc.env:WANDB_MODE,offline}", "str", choices=("offline", "online", "disabled"))
+    # offline | online | disabled: checked when the logger is built (the default follows the environment's
+    # WANDB_MODE, which Lightning's offline logger sets to "dryrun" in its process)
+    mode: str = option("${oc.env:WANDB_MODE,offline}", "str")
     project: str = option("laplace-lab", "str")
     entity: str | None = option(None, "str", nullable=True)
     group: str = option("${experiment_name}", "str")

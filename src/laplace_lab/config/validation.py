@@ -9,9 +9,12 @@ the entry point makes before anything else.
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any
 
 from laplace_lab.config.schema import RunConfig
+from laplace_lab.data.size_checks import check_data_sizes
+from laplace_lab.evaluation.config import check_landscape_run
 from laplace_lab.laplace.predictive import check_nn_link
 from laplace_lab.laplace.spec import LaplaceSpec, hessian_structures, structure_class
 
@@ -46,9 +49,11 @@ def validate_config(cfg: Any) -> RunConfig:
 
 def check_combinations(run: RunConfig) -> None:
     """Every combination check below, in the order a user meets them."""
+    check_data_sizes(run.data)  # sizes against the data set (toy2d classes, a fifth of the images to validation)
     check_root(run)
     check_laplace(run)
     check_augmentation(run)
+    check_landscape_run(run.evaluation, run.curvature.hessian_structure, run.needs_posthoc_laplace)
     check_ensemble(run)
     check_checkpoint(run)
 
@@ -214,7 +219,7 @@ def check_ensemble(run: RunConfig) -> None:
 def check_checkpoint(run: RunConfig) -> None:
     """``resume_from=last`` needs ``checkpoint.enabled=true`` (nothing would write the file it
     resumes); a ``map_grid`` run trains one network per grid point, so one checkpoint path
-    cannot resume it (``last`` resumes each grid point from its own)."""
+    cannot resume it (``last`` resumes each grid point from its own); a path must name an existing file."""
     resume = run.checkpoint.resume_from
     if resume == "last" and not run.checkpoint.enabled:
         raise ValueError("checkpoint.resume_from=last resumes the run's own last.ckpt, which only "
@@ -223,3 +228,6 @@ def check_checkpoint(run: RunConfig) -> None:
         raise ValueError(f"checkpoint.resume_from={str(resume)!r} with map_grid: each grid point trains its own "
                          "network, so one checkpoint cannot resume them; allowed: checkpoint.resume_from=last "
                          "(each grid point from its own last.ckpt) or null")
+    if resume and resume != "last" and not Path(str(resume)).is_file():
+        raise ValueError(f"checkpoint.resume_from={str(resume)!r} does not exist (or is not a file); allowed: the "
+                         "path of a .ckpt file, last (the run's own last.ckpt, if any) or null")

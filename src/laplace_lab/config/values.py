@@ -2,13 +2,14 @@
 data is loaded (``check_values``; ``config.load`` calls it before it builds the typed schema).
 
 - every number is finite (``nan`` / ``inf`` rejected anywhere);
-- every ``_target_`` names a class under ``ALLOWED_TARGET_PREFIXES`` (a config is code: a
-  command-line ``_target_`` override could import and run anything);
+- every ``_target_`` is one of ``config.targets.ALLOWED_TARGETS`` (a config is code: a command-line
+  ``_target_`` override could import and run anything);
 - the ``_target_`` groups (``data``, ``model``, ``optimizer``, ``lr_scheduler``) and the Lightning
   arguments of ``trainer``: their schema is the constructor's signature. No unknown keys, also when
   added with ``+`` (``+optimizer.lrr=0.1``); an option's type matches its defaults in
   ``conf/<group>/*.yaml`` or the signature (``model.widths='50'`` is an error, not ``[5, 0]``); the
-  options of ``RANGES`` lie in their range.
+  options of ``RANGES`` lie in their range, list entries too (``model.widths[*]``: ``[0]`` or
+  ``[-5]`` fail). The root keys and the other groups: ``config.schema``.
 
 Each check raises ``ValueError`` naming the option and the allowed values.
 """
@@ -25,8 +26,8 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from laplace_lab.config import CONF_DIR
+from laplace_lab.config.targets import ALLOWED_TARGETS, check_targets
 
-ALLOWED_TARGET_PREFIXES = ("laplace_lab.", "torch.", "pytorch_lightning.", "lightning.")
 # Groups typed by a constructor (the other groups: config.schema); trainer: Lightning's Trainer.
 CHECKED_GROUPS = ("data", "model", "optimizer", "lr_scheduler", "trainer")
 INF = math.inf
@@ -53,6 +54,10 @@ RANGES: dict[str, tuple[str, float, float, bool, bool]] = {
     "data.noise": ("float", 0, INF, True, False),
     "data.noise_std": ("float", 0, INF, True, False),
     "data.fake_size": ("int", 1, INF, True, False),
+    "model.widths[*]": ("int", 1, INF, True, False),
+    "model.width": ("int", 1, INF, True, False),
+    "model.depth": ("int", 10, INF, True, False),
+    "model.widen_factor": ("int", 1, INF, True, False),
     "trainer.check_val_every_n_epoch": ("int", 1, INF, True, True),  # a Trainer argument outside TrainerConfig
 }
 # Shown beside the option's name where the name alone is terse.
@@ -86,19 +91,34 @@ def check_finite(data: Mapping) -> None:
             _fail(f"{key}={value} is not a finite number; allowed: finite values only (nan and inf are rejected)")
 
 
-def check_ranges(data: Mapping) -> None:
-    """The options of ``RANGES``: numbers (ints where ``int``) in their range."""
-    for key, (kind, lo, hi, lo_incl, nullable) in RANGES.items():
+def _ranged_values(data: Mapping, key: str):
+    """``(name, value)`` of option ``key``: one pair, or each entry of a list option (``key[*]``)."""
+    if not key.endswith("[*]"):
         value, found = _select(data, key)
-        if not found or (value is None and nullable):
-            continue
-        ok_type = _is_number(value) and (kind == "float" or isinstance(value, int))
-        ok_range = ok_type and (value >= lo if lo_incl else value > lo) and value <= hi
-        if not ok_range:
-            bounds = (">= " if lo_incl else "> ") + f"{lo}" + ("" if hi == INF else f" and <= {hi}")
-            interval = ("[" if lo_incl else "(") + f"{lo}, " + ("inf)" if hi == INF else f"{hi}]")
-            what = "integers" if kind == "int" else "numbers"
-            _fail(f"{key}{DESCRIPTIONS.get(key, '')} must be {bounds}{' or null' if nullable else ''}; got {value!r} (allowed: {what} in {interval})")
+        return [(key, value)] if found else []
+    value, found = _select(data, key[:-3])
+    if not found or not isinstance(value, (list, tuple)):
+        return []  # (a list option that is not a list: check_group_keys names its type)
+    return [(f"{key[:-3]}[{i}]", v) for i, v in enumerate(value)]
+
+
+def check_ranges(data: Mapping) -> None:
+    """The options of ``RANGES``: numbers (ints where ``int``) in their range (``key[*]``: each entry)."""
+    for pattern, (kind, lo, hi, lo_incl, nullable) in RANGES.items():
+        for key, value in _ranged_values(data, pattern):
+            _check_range(key, value, kind, lo, hi, lo_incl, nullable)
+
+
+def _check_range(key: str, value: Any, kind: str, lo: float, hi: float, lo_incl: bool, nullable: bool) -> None:
+    if value is None and nullable:
+        return
+    ok_type = _is_number(value) and (kind == "float" or isinstance(value, int))
+    ok_range = ok_type and (value >= lo if lo_incl else value > lo) and value <= hi
+    if not ok_range:
+        bounds = (">= " if lo_incl else "> ") + f"{lo}" + ("" if hi == INF else f" and <= {hi}")
+        interval = ("[" if lo_incl else "(") + f"{lo}, " + ("inf)" if hi == INF else f"{hi}]")
+        what = "integers" if kind == "int" else "numbers"
+        _fail(f"{key}{DESCRIPTIONS.get(key, '')} must be {bounds}{' or null' if nullable else ''}; got {value!r} (allowed: {what} in {interval})")
 
 
 def _select(data: Mapping, key: str) -> tuple[Any, bool]:
@@ -173,8 +193,7 @@ def _target_class(group: str, node: Mapping) -> Any:
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError):
-        _fail(f"{group}._target_={target!r} cannot be imported; allowed: an importable class under "
-              f"{list(ALLOWED_TARGET_PREFIXES)}")
+        _fail(f"{group}._target_={target!r} cannot be imported; allowed: {sorted(ALLOWED_TARGETS)}")
 
 
 def _accepted_args(cls: Any) -> dict[str, inspect.Parameter] | None:
@@ -248,12 +267,6 @@ def _check_type(name: str, value: Any, kinds: frozenset) -> None:
             _fail(f"{name}={list(value)!r} must be a list of integers; got entries {bad}")
 
 
-def check_targets(data: Mapping) -> None:
-    """Every ``_target_`` names a class under ``ALLOWED_TARGET_PREFIXES``."""
-    for key, value in _leaves(data):
-        if key.split(".")[-1] == "_target_" and not (isinstance(value, str) and value.startswith(ALLOWED_TARGET_PREFIXES)):
-            _fail(f"{key}={value!r} is not allowed; allowed: classes under {list(ALLOWED_TARGET_PREFIXES)} "
-                  "(presets are code: a _target_ is imported and called)")
 
 
 def check_values(data: Mapping) -> None:

@@ -5,6 +5,8 @@ Layout expected under ``<data_dir>/UCI/<name>/``: ``data.txt`` (whitespace-separ
 (0-based row indices) and ``n_splits.txt``. Inputs and targets are standardised with the
 statistics of the training part of the split (after the validation part is split off), so
 the likelihood's sigma is in standardised units; ``target_mean``/``target_std`` convert back.
+A split that leaks (test rows among the training rows, duplicate rows, the target among the
+features) or is empty fails when the module is built, naming the file (``split_checks``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch.utils.data import TensorDataset
 
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.data.checks import load_index, load_table
+from laplace_lab.data.split_checks import check_uci_split
 
 UCI_DATASETS = (
     "boston-housing", "concrete", "energy", "kin8nm",
@@ -68,12 +71,18 @@ class UCIDataModule(LabDataModule):
 
     def _load(self) -> None:
         data = load_table(self.root / "data.txt")  # finite, rectangular; errors name the file and line
-        features = load_index(self.root / "index_features.txt", data.shape[1])
-        target = load_index(self.root / "index_target.txt", data.shape[1])
-        train_idx = load_index(self.root / f"index_train_{self.split}.txt", len(data))
-        test_idx = load_index(self.root / f"index_test_{self.split}.txt", len(data))
+        files = {"features": self.root / "index_features.txt", "target": self.root / "index_target.txt",
+                 "train": self.root / f"index_train_{self.split}.txt", "test": self.root / f"index_test_{self.split}.txt"}
+        features = load_index(files["features"], data.shape[1])
+        target = load_index(files["target"], data.shape[1])
+        train_idx = load_index(files["train"], len(data))
+        test_idx = load_index(files["test"], len(data))
+        check_uci_split(train_idx, test_idx, features, target, files)  # disjoint, no duplicates, no target feature
         perm = np.random.default_rng(self.seed).permutation(len(train_idx))
         n_val = int(round(self.val_fraction * len(train_idx)))
+        if n_val >= len(train_idx):
+            raise ValueError(f"data.val_fraction={self.val_fraction} leaves no training row of the {len(train_idx)} "
+                             f"in {files['train']}; allowed: a fraction that keeps at least one")
         val_idx, train_idx = train_idx[perm[:n_val]], train_idx[perm[n_val:]]
         X, y = data[:, features], data[:, target].reshape(len(data), -1)
         x_mean, x_std = X[train_idx].mean(0), X[train_idx].std(0)

@@ -19,6 +19,7 @@ from laplace_lab.config.schema import RunConfig
 from laplace_lab.reporting.csv_metrics import CSVMetricsLogger
 
 log = logging.getLogger(__name__)
+WANDB_MODES = ("offline", "online", "disabled")
 
 
 def flatten_config(data: dict, sep: str = ".") -> dict[str, Any]:
@@ -64,6 +65,8 @@ def build_loggers(run: RunConfig, output_dir: Path, plain: bool = False) -> list
     if run.logger.csv:
         loggers.append(CSVLogger(save_dir=str(output_dir), name="csv", version=""))
     if wandb.enabled:
+        if wandb.mode not in WANDB_MODES:
+            raise ValueError(f"logger.wandb.mode={wandb.mode!r} is not supported; allowed: {list(WANDB_MODES)}")
         loggers.append(
             WandbLogger(
                 save_dir=str(output_dir),

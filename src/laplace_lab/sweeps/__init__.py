@@ -9,6 +9,8 @@
 - ``devices``: the ``trainer=gpu`` check and the devices a job records in ``status.json``.
 - ``progress``: each job's state and saved epochs; ``records``: finished jobs saved without
   machine paths and restored on another machine, so a sweep can span machines.
+- ``signals``: SIGTERM / SIGINT mark the job failed, write the summary and exit non-zero.
+- ``superseded``: an earlier attempt's wandb runs moved out of the way of a rerun's.
 
 Importing the package registers the OmegaConf resolvers the Hydra configs use
 (``lab_job_subdir``, ``lab_gpus_per_job``); ``laplace_lab.train`` imports it.

@@ -13,6 +13,9 @@ Three things ignore them, all through this module:
 Hydra's own ``hydra.job.override_dirname`` is not used: this module is the one list.
 ``WIRING_KEYS`` (``module``, ``callbacks``) only name objects by ``_target_`` (their options are in
 the groups): they name job folders like any key, but stay out of the config hash, as the code does.
+``SWITCHED_OFF`` nodes (``evaluation.landscape``) stay out of the hash while their ``enabled`` is
+false: a feature that is off changes nothing a job computes, so adding one does not make every
+finished job run again (``hashed_config``).
 
 ``RUN_ONLY_KEYS`` are top-level keys dropped whole; ``RUN_ONLY_SUBKEYS[group]`` are keys dropped
 inside a group. Override values are normalised in names (``1``, ``1.0`` and ``1e0`` are one job:
@@ -39,6 +42,25 @@ RUN_ONLY_SUBKEYS = {
 RUN_ONLY_OVERRIDES = ("experiment", "hydra")
 MAX_NAME_CHARS = 200
 WIRING_KEYS = ("module", "callbacks")
+SWITCHED_OFF = ("evaluation.landscape",)  # nodes with an ``enabled`` switch, hashed only when on
+
+
+def hashed_config(data: dict[str, Any]) -> dict[str, Any]:
+    """What the sweep's config hash covers: the resolved job config less run-only keys, wiring nodes
+    (``WIRING_KEYS``), the ``hydra`` node and the ``SWITCHED_OFF`` nodes that are off."""
+    out = {k: v for k, v in strip_run_only(data).items() if k not in WIRING_KEYS and k != "hydra"}
+    for dotted in SWITCHED_OFF:
+        *parents, last = dotted.split(".")
+        node = out
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and isinstance(node.get(last), dict) and not node[last].get("enabled"):
+            parent = out
+            for part in parents:  # copy the path before removing, so the caller's dict is left alone
+                parent[part] = dict(parent[part])
+                parent = parent[part]
+            del parent[last]
+    return out
 
 
 def strip_run_only(data: dict[str, Any], keys: tuple[str, ...] = RUN_ONLY_KEYS,
@@ -119,8 +141,25 @@ def job_dirname(overrides: Iterable[str]) -> str:
     return safe_name(",".join(normalized_overrides(overrides)), "default")
 
 
-def sweep_dirname(overrides: Iterable[str]) -> str:
-    """A sweep's folder name from the command's task overrides: ``multirun`` when only run-only
-    keys (and the preset) are given, else ``multirun_<overrides>``."""
+DEFAULT_SWEEPER = "basic"
+
+
+def sweeper_choice(hydra_overrides: Iterable[str]) -> str | None:
+    """The ``hydra/sweeper=<name>`` choice among a command's Hydra overrides (None when not given)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    found = None
+    for override in OverridesParser.create().parse_overrides([str(o) for o in hydra_overrides]):
+        if override.get_key_element().lstrip("+~") == "hydra/sweeper" and not override.is_delete():
+            found = str(override.value())
+    return found
+
+
+def sweep_dirname(overrides: Iterable[str], sweeper: str | None = None) -> str:
+    """A sweep's folder name from the command's task overrides and the sweeper it chose on the command
+    line: ``multirun`` when only run-only keys (and the preset) are given, else
+    ``multirun_<overrides>``; a sweeper other than ``basic`` comes first (``multirun_map_grid_<overrides>``),
+    so an Optuna, a grid and a basic sweep over the same overrides never share a folder."""
     name = ",".join(normalized_overrides(overrides))
-    return safe_name(f"multirun_{name}", "multirun") if name else "multirun"
+    parts = [p for p in ("multirun", None if sweeper in (None, DEFAULT_SWEEPER) else sweeper, name) if p]
+    return safe_name("_".join(parts), "multirun")

@@ -1,6 +1,7 @@
 """The data module and the training module of a run, built from its typed config (no training yet).
 
-The training module's class is the config's ``module._target_`` (``conf/train.yaml``: ``MAPCore``);
+Every ``_target_`` of the config is checked against the allowlist first (``config.targets``). The
+training module's class is the config's ``module._target_`` (``conf/train.yaml``: ``MAPCore``);
 under Lightning's Trainer its LightningModule twin (``lightning_classes.lightning_twin``) runs. Used
 by the entry point and by analyses of finished jobs (``training.job_laplace``), which rebuild a job
 from its ``config_resolved.yaml``.
@@ -12,7 +13,9 @@ from hydra.utils import get_class
 
 from laplace_lab.config.instantiate import instantiate
 from laplace_lab.config.schema import RunConfig
+from laplace_lab.config.targets import check_targets
 from laplace_lab.data.base import LabDataModule
+from laplace_lab.data.split_checks import check_nonempty
 from laplace_lab.training.module import MAPCore
 
 
@@ -29,6 +32,7 @@ def resolve_likelihood(likelihood: str, datamodule: LabDataModule) -> str:
 def build(run: RunConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPCore]:
     """Instantiate the data module and the training module: ``module._target_`` for the plain loop
     (``loop="plain"``), its LightningModule twin for ``loop="lightning"``."""
+    check_targets(run.raw)  # callers rebuild jobs from their config_resolved.yaml through here
     module_class = training_class(run.module["_target_"], loop)  # Lightning first: data.base
     datamodule: LabDataModule = instantiate(run.data)
     likelihood = resolve_likelihood(run.likelihood, datamodule)
@@ -52,6 +56,7 @@ def build(run: RunConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPCo
         on_nonfinite_loss=run.on_nonfinite_loss,
         loss_scale=run.map_loss_scale,
     )
+    check_nonempty(datamodule, f"data {run.data.get('_target_')}")  # set up by n_train above; before any training
     return datamodule, module
 
 

@@ -74,7 +74,8 @@ def train_map(run: RunConfig, output_dir: Path, loggers, loop: str | None = None
         if loop == "plain":  # (a run resuming from a checkpoint is never plain: loop_choice)
             trainer.fit(module, datamodule)
         else:
-            trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
+            # (check_resume read the checkpoint with weights_only=True already; Lightning reads it the same way)
+            trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
         map_cache.save(module, cached, map_cache.key_contents(run, datamodule) if cached else None)
         # with a resumed checkpoint: the earlier launches' training time up to it, plus this launch's
         metrics = {"time/fit_s": module.fit_seconds()}
