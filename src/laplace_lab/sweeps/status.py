@@ -33,7 +33,12 @@ from typing import Any
 from laplace_lab.io.atomic import write_json_atomic  # noqa: F401 - re-exported (sweeps.callback uses it)
 
 # RUN_ONLY_KEYS / RUN_ONLY_SUBKEYS are re-exported: the one list lives in sweeps.run_only.
-from laplace_lab.sweeps.run_only import RUN_ONLY_KEYS, RUN_ONLY_SUBKEYS, hashed_config, strip_run_only  # noqa: F401
+from laplace_lab.sweeps.run_only import (  # noqa: F401
+    RUN_ONLY_KEYS,
+    RUN_ONLY_SUBKEYS,
+    hashed_config,
+    strip_run_only,
+)
 
 log = logging.getLogger(__name__)
 STATUS_FILE = "status.json"
