@@ -57,9 +57,15 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 AUTHORS_REPO = "runame/laplace-redux"
 AUTHORS_COMMIT = "ac4ee154c22509f12c692a0143c9dcd17b439bee"
-# The run-time patch: (file, the authors' text, ours). KMNIST and EMNIST are not available offline
-# here, so the MNIST-OOD benchmark evaluates MNIST (in-distribution) and FashionMNIST only.
+# The run-time patch: (file, the authors' text, ours). R-MNIST is evaluated at angle 0 only (the
+# in-distribution test split: the CPU cut; our jobs of the cut run no rotation either), and KMNIST
+# and EMNIST are not available offline here, so MNIST-OOD evaluates MNIST and FashionMNIST only.
 PATCH = [
+    ("utils/data_utils.py",
+     "        if args.benchmark == 'R-MNIST':\n            no_loss_acc = False\n            # here, id is the rotation angle\n"
+     "            ids = [0, 15, 30, 45, 60, 75, 90, 105, 120, 135, 150, 165, 180]\n",
+     "        if args.benchmark == 'R-MNIST':\n            no_loss_acc = False\n            # here, id is the rotation angle\n"
+     "            ids = [0]  # laplace-lab peer run: the unrotated test set only (CPU cut)\n"),
     ("utils/data_utils.py",
      "            ids = ['MNIST', 'EMNIST', 'FMNIST', 'KMNIST']\n",
      "            ids = ['MNIST', 'FMNIST']  # laplace-lab peer run: EMNIST, KMNIST not available offline\n"),
