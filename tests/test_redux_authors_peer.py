@@ -46,13 +46,13 @@ def test_our_lenet_in_the_authors_layout_gives_the_same_logits(peer):
 
 
 def test_patch_applies_once_or_stops(peer, tmp_path):
-    rel, old, new = peer.PATCH[1]
+    rel, old, new = peer.PATCH[2]
     (tmp_path / rel).parent.mkdir(parents=True)
     (tmp_path / rel).write_text("x = 1\n" + old + "y = 2\n")
-    peer.apply_patch(tmp_path, [peer.PATCH[1]])
+    peer.apply_patch(tmp_path, [peer.PATCH[2]])
     assert (tmp_path / rel).read_text() == "x = 1\n" + new + "y = 2\n"
     with pytest.raises(RuntimeError, match="patch does not apply: utils/data_utils.py has 0 copies"):
-        peer.apply_patch(tmp_path, [peer.PATCH[1]])
+        peer.apply_patch(tmp_path, [peer.PATCH[2]])
     assert "+            ids = ['MNIST', 'FMNIST']" in peer.patch_diff()
 
 

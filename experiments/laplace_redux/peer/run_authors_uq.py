@@ -4,9 +4,11 @@ MAP LeNets beside our post-hoc jobs on the same networks: the paired peer CSV
 
 Nothing of the authors' repository is copied into this project. The script takes a checkout of it
 (``--authors-repo``; ``git clone https://github.com/runame/laplace-redux`` at ``AUTHORS_COMMIT``) and
-a Python environment that runs it (``--authors-python``: a fresh venv with torch, torchvision,
-laplace-torch 0.3, scikit-learn, scipy, PyYAML, tqdm and the ``pycalib`` that pip installs, which
-``uq.py`` imports at the top but only uses for temperature scaling). It copies the checkout into
+a Python environment that runs it (``--authors-python``: a fresh venv with ``pip install
+torch==2.14.1 torchvision==0.29.1 laplace-torch==0.3 scikit-learn scipy PyYAML tqdm pycalib
+"numpy<2"``: ``uq.py`` imports ``pycalib`` at the top but uses it only for temperature scaling, and
+``utils.get_calib`` calls ``np.nan_to_num(x, 0)``, whose second argument numpy 2 reads as
+``copy=False`` and fails). It copies the checkout into
 ``--work-dir``, applies ``PATCH`` there (the fewest changes that make it run offline here) and runs::
 
     uq.py --benchmark {R-MNIST,MNIST-OOD} --config <config> --run_name <name>
@@ -57,10 +59,15 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 AUTHORS_REPO = "runame/laplace-redux"
 AUTHORS_COMMIT = "ac4ee154c22509f12c692a0143c9dcd17b439bee"
-# The run-time patch: (file, the authors' text, ours). R-MNIST is evaluated at angle 0 only (the
+# The run-time patch: (file, the authors' text, ours). The CIFAR Fixup WRN is not imported (its ASDL
+# import fails with the ASDL laplace-torch 0.3 brings; MNIST never uses it). R-MNIST is evaluated at angle 0 only (the
 # in-distribution test split: the CPU cut; our jobs of the cut run no rotation either), and KMNIST
 # and EMNIST are not available offline here, so MNIST-OOD evaluates MNIST and FashionMNIST only.
 PATCH = [
+    ("utils/utils.py",
+     "from baselines.vanilla.models import mlp, lenet, wrn, wrn_fixup\n",
+     "from baselines.vanilla.models import mlp, lenet, wrn  # laplace-lab peer run: wrn_fixup (CIFAR) imports\n"
+     "# asdfghjkl.operations, which the ASDL that laplace-torch 0.3 installs (package asdl) no longer has\n"),
     ("utils/data_utils.py",
      "        if args.benchmark == 'R-MNIST':\n            no_loss_acc = False\n            # here, id is the rotation angle\n"
      "            ids = [0, 15, 30, 45, 60, 75, 90, 105, 120, 135, 150, 165, 180]\n",
