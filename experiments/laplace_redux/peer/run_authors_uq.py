@@ -89,6 +89,7 @@ THEIRS = {
 }
 COLUMNS = ["side", "seed", "method", "commit", "command", *THEIRS]
 DEFAULT_OUT = HERE / "authors_uq.csv"
+AUTHORS_TEST_HOLDOUT = 2000  # utils/data_utils.py: val_test_split(val_test_set, val_size=2000)
 
 
 def ours_key(column: str, method: str) -> str:
@@ -193,6 +194,12 @@ def run_seed(args, finder, seed: int, jobs: dict[str, Path], repo: Path, commit:
     missing = [m for m in ("la", "la_star") if not (jobs.get(m) and (jobs[m] / "metrics.json").exists())]
     if missing:
         raise RuntimeError(f"seed {seed}: our jobs {missing} have not finished in {args.sweep_dir}")
+    for method in ("la", "la_star"):
+        holdout = yaml.safe_load((jobs[method] / "config_resolved.yaml").read_text())["data"].get("test_holdout")
+        if holdout != AUTHORS_TEST_HOLDOUT:
+            raise RuntimeError(f"seed {seed}: our {method} job has data.test_holdout={holdout}; uq.py evaluates "
+                               f"{10000 - AUTHORS_TEST_HOLDOUT} test images: run ours with "
+                               f"data.test_holdout={AUTHORS_TEST_HOLDOUT} to pair them")
     _, _, module, entry, how = finder.load_job_map(jobs["la"], args.map_cache_dir, str(args.data_dir))
     models_root = args.work_dir / "models"
     (models_root / "lenet_mnist").mkdir(parents=True, exist_ok=True)
