@@ -74,3 +74,17 @@ def test_committed_peer_csvs_are_valid_and_portable(csv_path):
     assert not re.search(r"/work/|\.\./shared|/home/\w+|/Users/\w+|/root/|/tmp/", csv_path.read_text()), csv_path
     sides = {(r["side"], r["seed"]) for r in table.rows}
     assert {s for side, s in sides if side == "theirs"} == {s for side, s in sides if side == "ours"}, csv_path
+
+
+def test_laplace_torch_rows_pair_with_the_table_jobs():
+    spec = importlib.util.spec_from_file_location("laplace_torch_pairs", SCRIPT.with_name("laplace_torch_pairs.py"))
+    pairs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pairs)
+    metrics = {v: "0.5" for v in pairs.METRICS.values()}
+    peer_rows = [{"seed": "3", "method_name": "la", **metrics}, {"seed": "3", "method_name": "kron", **metrics}]
+    our_rows = [{"method_name": "la", "overrides": "method=la seed=3 experiment=redux_mnist", "commit": "abc", **metrics}]
+    rows = pairs.pairs(peer_rows, our_rows, {"3": "def"})
+    assert [(r["side"], r["seed"], r["method"], r["commit"]) for r in rows] == [("ours", "3", "la", "abc"),
+                                                                                 ("theirs", "3", "la", "def")]
+    assert rows[0]["command"] == "python -m laplace_lab.train method=la seed=3 experiment=redux_mnist"
+    assert rows[1]["test/nll"] == "0.5" and set(rows[1]) == set(pairs.COLUMNS)
