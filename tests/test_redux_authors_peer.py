@@ -80,7 +80,7 @@ def test_laplace_torch_rows_pair_with_the_table_jobs():
     spec = importlib.util.spec_from_file_location("laplace_torch_pairs", SCRIPT.with_name("laplace_torch_pairs.py"))
     pairs = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(pairs)
-    metrics = {v: "0.5" for v in pairs.METRICS.values()}
+    metrics = {v: "0.5" for v in [*pairs.METRICS.values(), *pairs.MAP_CHECK]}
     peer_rows = [{"seed": "3", "method_name": "la", **metrics}, {"seed": "3", "method_name": "kron", **metrics}]
     our_rows = [{"method_name": "la", "overrides": "method=la seed=3 experiment=redux_mnist", "commit": "abc", **metrics}]
     rows = pairs.pairs(peer_rows, our_rows, {"3": "def"})
@@ -88,3 +88,6 @@ def test_laplace_torch_rows_pair_with_the_table_jobs():
                                                                                  ("theirs", "3", "la", "def")]
     assert rows[0]["command"] == "python -m laplace_lab.train method=la seed=3 experiment=redux_mnist"
     assert rows[1]["test/nll"] == "0.5" and set(rows[1]) == set(pairs.COLUMNS)
+    other_network = [{**our_rows[0], "test/map/nll": "0.6"}]
+    with pytest.raises(ValueError, match=r"seed 3: the laplace-torch row's MAP metrics \['test/map/nll'\] differ"):
+        pairs.pairs(peer_rows, other_network, {"3": "def"})

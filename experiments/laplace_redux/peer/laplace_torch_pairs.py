@@ -47,7 +47,23 @@ def row_commits(path: Path = PEER) -> dict[str, str]:
     return commits
 
 
+MAP_CHECK = ("test/map/acc", "test/map/nll", "ood/fashion_mnist/map/conf")  # same network on both sides
+
+
+def check_same_networks(peer_rows: list[dict], our_rows: list[dict], tol: float = 1e-6) -> None:
+    """Both sides' MAP metrics must agree per seed (else the laplace-torch rows are of other networks,
+    e.g. the table was rerun: rerun ../laplace_torch_reference.py on its sweep first)."""
+    ours = {next(t.split("=")[1] for t in r["overrides"].split() if t.startswith("seed=")): r for r in our_rows}
+    for r in peer_rows:
+        mine = ours.get(r["seed"])
+        bad = [k for k in MAP_CHECK if mine is not None and abs(float(r[k]) - float(mine[k])) > tol]
+        if mine is None or bad:
+            raise ValueError(f"seed {r['seed']}: the laplace-torch row's MAP metrics {bad or '(no job)'} differ from "
+                             "the table's job: not the same MAP network")
+
+
 def pairs(peer_rows: list[dict], our_rows: list[dict], commits: dict[str, str]) -> list[dict]:
+    check_same_networks(peer_rows, our_rows)
     out = []
     for r in peer_rows:
         if r["method_name"] not in METHODS:
