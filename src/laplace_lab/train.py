@@ -35,7 +35,7 @@ from laplace_lab.training.module import MAPCore
 from laplace_lab.training.online_marglik import OnlineMarglikCore
 from laplace_lab.training.plain_loop import PlainTrainer, resolve_device, seed_everything
 from laplace_lab.training.posthoc import fit_posthoc_laplace, laplace_kwargs, needs_posthoc_laplace
-from laplace_lab.training.predictors import laplace_predictor, map_predictor
+from laplace_lab.training.predictors import het_approx_alternatives, laplace_predictor, map_predictor
 from laplace_lab.training.resume import (
     check_resume,
     checkpoint_dir,
@@ -181,6 +181,7 @@ def evaluate(cfg: DictConfig, module: MAPCore, datamodule: LabDataModule, la, lo
     predictors = {"map": map_predictor(module)}
     if la is not None:
         predictors["la"] = laplace_predictor(la, cfg.predictive)
+        predictors.update(het_approx_alternatives(la, cfg.predictive))
     predictors.update(extra_predictors or {})
     task = "classification" if module.likelihood == "classification" else "regression"
     is_toy2d = task == "classification" and tuple(datamodule.input_shape) == (2,)
