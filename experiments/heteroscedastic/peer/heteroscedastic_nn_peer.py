@@ -19,8 +19,10 @@ last epoch, so MAP trains without hyper steps). Two run-time patches, nothing el
 Metrics (original target units, the authors' evaluation code): ``test/la/ll`` is the Laplace
 predictive's test log likelihood (``test/loglik_bayes``; heteroscedastic: ``het_approx='natural'``),
 ``test/map/ll`` the plug-in one (``test/loglik``; homoscedastic MAP: sigma = training RMSE),
-``test/map/rmse`` the predictive mean's RMSE; heteroscedastic rows also give the authors' other
-predictives (``het_approx='mean'``, MC) under ``theirs/...``.
+``test/map/rmse`` the predictive mean's RMSE; heteroscedastic rows also give the authors'
+``het_approx='mean'`` form as ``test/la_het_mean/ll`` (our ``la_het_mean`` predictor) and their MC
+predictives under ``theirs/...``. ``--add-ours <jobs CSV>`` (re)writes the ``side=ours`` rows
+from a committed jobs CSV of ``heteroscedastic_uci`` (``laplace_lab.peer_ours``).
 
     python experiments/heteroscedastic/peer/heteroscedastic_nn_peer.py --repo <checkout> \\
         --data-dir $LAPLACE_LAB_DATA_DIR/UCI --sets yacht --splits 0-2 --methods het_online
@@ -53,13 +55,13 @@ SETS = ("boston-housing", "concrete", "energy", "kin8nm", "naval-propulsion-plan
 SUMMARY_TO_METRIC = {
     "test/loglik_bayes": "test/la/ll",
     "test/loglik": "test/map/ll",
-    "test/loglik_bayes_mean": "theirs/la_mean_approx/ll",
+    "test/loglik_bayes_mean": "test/la_het_mean/ll",
     "test/loglik_bayes_mc": "theirs/la_mc/ll",
     "test/loglik_bayes_mc_lse": "theirs/la_mc_lse/ll",
     "prior_prec_opt": "theirs/map_grid_prior_precision",
 }
 COLUMNS = ["side", "seed", "commit", "command", "data", "method", "test/la/ll", "test/map/ll", "test/map/rmse",
-           "theirs/la_mean_approx/ll", "theirs/la_mc/ll", "theirs/la_mc_lse/ll", "theirs/map_grid_prior_precision",
+           "test/la_het_mean/ll", "theirs/la_mc/ll", "theirs/la_mc_lse/ll", "theirs/map_grid_prior_precision",
            "wall_s"]
 
 
@@ -172,14 +174,18 @@ def yaml_config(path: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repo", required=True, type=Path, help="checkout of aleximmer/heteroscedastic-nn")
-    parser.add_argument("--data-dir", required=True, type=Path, help="folder with the UCI sets (standard splits)")
+    parser.add_argument("--repo", type=Path, help="checkout of aleximmer/heteroscedastic-nn")
+    parser.add_argument("--data-dir", type=Path, help="folder with the UCI sets (standard splits)")
     parser.add_argument("--sets", default="boston-housing,concrete,energy,wine-quality-red,yacht")
     parser.add_argument("--splits", default="0-2")
     parser.add_argument("--methods", default="het_online,online_full,map_grid")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("heteroscedastic_nn.csv"))
+    parser.add_argument("--add-ours", type=Path, help="a heteroscedastic_uci jobs CSV: write its rows as side=ours")
     parser.add_argument("--one", nargs=3, metavar=("DATA", "SPLIT", "METHOD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if not args.add_ours and (args.repo is None or args.data_dir is None):
+        parser.error("--repo (a checkout of aleximmer/heteroscedastic-nn) and --data-dir are required to run "
+                     "the authors' code")
     for name in args.sets.split(","):
         if name not in SETS:
             parser.error(f"--sets: {name!r} is not one of {list(SETS)}")
@@ -195,6 +201,9 @@ def main() -> None:
         print("ROW " + json.dumps(row))
         return
 
+    if args.add_ours:
+        add_ours(args.out, args.add_ours)
+        return
     theirs_commit = git_commit(args.repo)
     done = set()
     if args.out.exists():
@@ -209,9 +218,9 @@ def main() -> None:
                     "# our jobs of the same split (their commit and command in the row)\n")
             csv.DictWriter(f, COLUMNS).writeheader()
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(args.repo))
-    for method in args.methods.split(","):  # method first: a cut-off run has whole methods done
-        for split in parse_range(args.splits):
-            for data in args.sets.split(","):
+    for method in args.methods.split(","):  # a cut-off run has whole (method, set) cells done
+        for data in args.sets.split(","):
+            for split in parse_range(args.splits):
                 if ("theirs", data, str(split), method) in done:
                     continue
                 opts = METHODS[method]
@@ -232,6 +241,38 @@ def main() -> None:
                     csv.DictWriter(f, COLUMNS).writerow({k: row.get(k, "") for k in COLUMNS})
                 print(f"{data} split {split} {method}: LA ll {row.get('test/la/ll')}, "
                       f"plug-in ll {row.get('test/map/ll')}, {row['wall_s']} s", flush=True)
+
+
+def add_ours(out: Path, jobs_csv: Path) -> None:
+    """Replace the ``side=ours`` rows of ``out`` by the jobs of ``jobs_csv`` (seed = split). A job
+    that logged ``test/la_het_mean/ll`` has both closed forms; an older one (before
+    ``predictive.het_approx``) logged the 'mean' form as ``test/la/ll``, which goes to
+    ``test/la_het_mean/ll`` here."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "src"))
+    from laplace_lab.peer_ours import ours_rows, read_jobs
+
+    columns = set(read_jobs(jobs_csv)[0])
+    natural = "test/la_het_mean/ll" in columns
+    rows = []
+    for method in ("het_online", "online_full", "map_grid"):
+        metrics = {"test/map/ll": "test/map/ll", "test/map/rmse": "test/map/rmse"}
+        if method == "het_online":
+            metrics.update({"test/la/ll": "test/la/ll", "test/la_het_mean/ll": "test/la_het_mean/ll"} if natural
+                           else {"test/la_het_mean/ll": "test/la/ll"})
+        elif method == "online_full":
+            metrics["test/la/ll"] = "test/la/ll"
+        rows += ours_rows(jobs_csv, seed_key="data.split", settings={"data": "data.name", "method": "method_name"},
+                          metrics=metrics, where={"method_name": method})
+    with out.open() as f:
+        lines = f.read().splitlines(keepends=True)
+    comments = [line for line in lines if line.startswith("#")]
+    kept = [r for r in csv.DictReader(line for line in lines if not line.startswith("#")) if r["side"] != "ours"]
+    with out.open("w", newline="") as f:
+        f.writelines(comments)
+        writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(kept + rows)
+    print(f"{out}: {len(rows)} ours rows from {jobs_csv}, {len(kept)} theirs rows kept")
 
 
 def _record_scale(repo: Path) -> None:
