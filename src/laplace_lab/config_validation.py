@@ -52,6 +52,12 @@ def validate_config(cfg: DictConfig) -> None:
     _require(cfg.trainer.max_epochs is None or cfg.trainer.max_epochs >= 1,
              f"trainer.max_epochs must be >= 1; got {cfg.trainer.max_epochs}")
     _choice(cfg, "on_nonfinite_loss", NONFINITE_LOSS)
+    if cfg.get("het_head", "softplus") != "softplus":
+        from laplace_lab.models.het_head import HET_HEADS
+
+        _choice(cfg, "het_head", HET_HEADS)
+        _require(cfg.likelihood == "heteroscedastic_regression",
+                 f"het_head={cfg.het_head!r} is a head of likelihood=heteroscedastic_regression; got likelihood={cfg.likelihood!r}")
     check_loss_scale(cfg.map_loss_scale, cfg.likelihood)
     threads = cfg.get("torch_num_threads")
     _require(threads is None or (isinstance(threads, int) and threads >= 1),

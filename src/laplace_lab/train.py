@@ -103,6 +103,13 @@ def build(cfg: DictConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPC
     likelihood = resolve_likelihood(cfg, datamodule)
     n_out = datamodule.num_outputs * (2 if likelihood == "heteroscedastic_regression" else 1)
     model = instantiate(cfg.model)(input_shape=datamodule.input_shape, num_outputs=n_out)
+    if likelihood == "heteroscedastic_regression":  # het_head: the link of the noise precision
+        from laplace_lab.models.het_head import with_het_head
+
+        model = with_het_head(model, cfg.get("het_head", "softplus"))
+    dtype = getattr(datamodule, "dtype", torch.float32)
+    if dtype != torch.float32:  # data.dtype=float64: the network computes in the data's precision
+        model = model.to(dtype)
     if _uses_augmentation(cfg):  # augmentation/: logits averaged over transforms
         from laplace_lab.training.augmentation import wrap_model
 
