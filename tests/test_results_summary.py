@@ -66,9 +66,12 @@ def test_render_counts_rows_per_table_with_headlines_and_reasons(tmp_path):
     assert "| [toy](toy.md) | 1 of 3 | 0 of 0 | 1 | 1 | 1 / 0 / 0 / 0 |" in text
     assert "| peer CSVs (authors' code) | 0 of 0 | 1 of 1 | 0 | 0 | 0 / 0 / 0 / 0 |" in text
     assert "| toy_full (not committed) | 0 of 1 | 0 of 0 | 0 | 1 | 0 / 0 / 0 / 0 |" in text
-    assert "Misses: `conf` (toy)." in text
-    assert ("- `kmnist` (toy): the table has no column ood/kmnist/conf; KMNIST is not available offline") in text
-    assert "- `ece_full` (toy_full): results/toy_full.csv is not committed (the table was not run)" in text
+    assert "Quantitative rows that miss: `conf` (toy)." in text and "Quoted orderings that fail" not in text
+    assert "- 1 row(s), KMNIST is not available offline: `kmnist` (toy)" in text
+    assert "- 1 row(s), results/toy_full.csv is not committed (the table was not run): `ece_full` (toy_full)" in text
+    # the overview: every paper with its counts over all its tables; a first-format folder is named, not counted
+    assert "| [paper](#paper-et-al-2021-venue) | 1 of 4 | 1 of 1 | 1 | 2 | 1 / 0 / 0 / 0 |" in text
+    assert "| [old](#old) | first reference format: not counted | | | | |" in text
     assert "`reference.yaml` (toy): first reference format" in text and "1 value(s) and 0 claim(s)" in text
 
 

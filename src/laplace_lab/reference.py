@@ -84,7 +84,8 @@ class Verdict:
     verdict: str     # one of VERDICTS
     source: str
     kind: str = "value"
-    why: str = ""    # why it is not run (empty otherwise)
+    why: str = ""    # why it is not run (empty otherwise): what is missing, then the entry's not_run_reason
+    reason: str = ""  # the entry's not_run_reason (when not run), for grouping
 
 
 def _fail(path: Path, entry: str, message: str) -> None:
@@ -525,7 +526,7 @@ def verdicts(references: list[dict[str, Any]], rows: list[Row], group_by: list[s
             (lhs, why_l), (rhs, why_r) = (lookup(rows, group_by, e[s], f"{where}, field `{s}`") for s in ("lhs", "rhs"))
             why = ""
             if lhs is None or rhs is None:
-                verdict, why = "not run", _not_run(e, "; ".join(w for w in (why_l, why_r) if w))
+                verdict, why = "not run", _not_run(e, "; ".join(dict.fromkeys(w for w in (why_l, why_r) if w)))
             elif e.get("_format", 1) == 2:
                 verdict = claim_verdict(e["op"], lhs, rhs)
             else:
@@ -535,6 +536,9 @@ def verdicts(references: list[dict[str, Any]], rows: list[Row], group_by: list[s
             reference = e["claim"] + (f' ("{e["quote"]}")' if e.get("quote") else "")
             out.append(Verdict(e["id"], metric, reference, f"{_ours_text(lhs)} vs {_ours_text(rhs)}", verdict,
                                format_source(e["source"]), "claim", why))
+    for v, e in zip(out, references):
+        if v.verdict == "not run":
+            v.reason = e.get("not_run_reason", "")
     return out
 
 

@@ -90,25 +90,35 @@ def headline_line(claim: str, ids: list[str], judged: list[Judged]) -> str:
 
 
 def table_line(name: str, judged: list[Judged], results_dir: Path) -> str:
-    quantitative = [j for j in judged if j.verdict.kind in ("paper", "peer")]
-    claims = [j for j in judged if j.verdict.kind == "claim"]
-    paper = [j for j in quantitative if j.verdict.kind == "paper"]
-    peer = [j for j in quantitative if j.verdict.kind == "peer"]
     shown = f"[{name}]({name}.md)" if (results_dir / f"{name}.md").is_file() else f"{name} (not committed)"
-    if not name:
-        shown = "peer CSVs (authors' code)"
-    cells = [shown, f"{_count(paper, REPRODUCES)} of {len(paper)}", f"{_count(peer, REPRODUCES)} of {len(peer)}",
-             str(_count(quantitative, MISSES)), str(_count(quantitative, ("not run",))),
-             f"{_count(claims, ('reproduces',))} / {_count(claims, ('within noise',))} / "
-             f"{_count(claims, ('does not reproduce',))} / {_count(claims, ('not run',))}"]
-    return "| " + " | ".join(cells) + " |"
+    return "| " + " | ".join([shown if name else "peer CSVs (authors' code)", *counts_cells(judged)]) + " |"
+
+
+def paper_title(folder: str, files: list[dict[str, Any]]) -> str:
+    current = [f for f in files if f["format"] == 2]
+    return current[0]["paper"] if current else folder
+
+
+def counts_cells(judged: list[Judged]) -> list[str]:
+    """reproduce the paper (k of n), match the authors' code (k of n), miss, not run, orderings."""
+    paper = [j for j in judged if j.verdict.kind == "paper"]
+    peer = [j for j in judged if j.verdict.kind == "peer"]
+    claims = [j for j in judged if j.verdict.kind == "claim"]
+    return [f"{_count(paper, REPRODUCES)} of {len(paper)}", f"{_count(peer, REPRODUCES)} of {len(peer)}",
+            str(_count(paper + peer, MISSES)), str(_count(paper + peer, ("not run",))),
+            f"{_count(claims, ('reproduces',))} / {_count(claims, ('within noise',))} / "
+            f"{_count(claims, ('does not reproduce',))} / {_count(claims, ('not run',))}"]
+
+
+HEADER = ("| reproduce the paper | match the authors' code | miss | not run | "
+          "quoted orderings: hold / within noise / fail / not run |")
 
 
 def paper_section(folder: str, files: list[dict[str, Any]], results_dir: Path) -> list[str]:
     """The markdown of one paper (one experiments/<folder>)."""
     current = [f for f in files if f["format"] == 2]
     old = [f for f in files if f["format"] == 1]
-    title = current[0]["paper"] if current else folder
+    title = paper_title(folder, files)
     lines = [f"## {title}", "", f"Folder: [experiments/{folder}](../experiments/{folder}/); reference files: "
              + ", ".join(f"`{f['path'].name}`" for f in files) + ".", ""]
     judged = {id(f): judge_file(f, results_dir) for f in current}
@@ -117,22 +127,28 @@ def paper_section(folder: str, files: list[dict[str, Any]], results_dir: Path) -
         lines += ["Headline claims (verdicts of the rows that test them, over every table judged):", ""]
         lines += [headline_line(h["claim"], h["ids"], j) for h, j in heads] + [""]
     if current:
-        lines += ["| table | reproduce the paper | match the authors' code | miss | not run | "
-                  "quoted orderings: hold / within noise / fail / not run |", "|---|---|---|---|---|---|"]
+        lines += ["| table " + HEADER, "|---|---|---|---|---|---|"]
         by_table: dict[str, list[Judged]] = {}
         for f in current:
             for j in judged[id(f)]:
                 by_table.setdefault(j.table, []).append(j)
         lines += [table_line(name, js, results_dir) for name, js in by_table.items()] + [""]
-        misses = [j for js in judged.values() for j in js if j.verdict.verdict in MISSES]
+        everything = [j for js in judged.values() for j in js]
+        where = lambda j: f"`{j.verdict.id}`" + (f" ({j.table})" if j.table else "")  # noqa: E731
+        misses = [j for j in everything if j.verdict.verdict in MISSES and j.verdict.kind in ("paper", "peer")]
+        fails = [j for j in everything if j.verdict.verdict == "does not reproduce" and j.verdict.kind == "claim"]
         if misses:
-            lines += ["Misses: " + "; ".join(f"`{j.verdict.id}`" + (f" ({j.table})" if j.table else "")
-                                             for j in misses) + ".", ""]
-        not_run = [j for js in judged.values() for j in js
-                   if j.verdict.verdict == "not run" and j.verdict.kind in ("paper", "peer")]
+            lines += ["Quantitative rows that miss: " + "; ".join(map(where, misses)) + ".", ""]
+        if fails:
+            lines += ["Quoted orderings that fail: " + "; ".join(map(where, fails)) + ".", ""]
+        not_run = [j for j in everything if j.verdict.verdict == "not run" and j.verdict.kind in ("paper", "peer")]
         if not_run:
-            lines += ["Not run:", ""] + [f"- `{j.verdict.id}`" + (f" ({j.table})" if j.table else "")
-                                         + f": {j.verdict.why}" for j in not_run] + [""]
+            lines += ["Quantitative rows not run:", ""]
+            grouped: dict[str, list[Judged]] = {}
+            for j in not_run:
+                grouped.setdefault(j.verdict.reason or j.verdict.why, []).append(j)
+            lines += [f"- {len(js)} row(s), {why}: " + ", ".join(map(where, js)) for why, js in grouped.items()]
+            lines += [""]
     for f in old:
         n_values = sum(e["kind"] == "value" for e in f["references"])
         n_claims = sum(e["kind"] == "claim" for e in f["references"])
@@ -140,6 +156,11 @@ def paper_section(folder: str, files: list[dict[str, Any]], results_dir: Path) -
                   f"table cell, orderings not quoted), so its {n_values} value(s) and {n_claims} claim(s) are not "
                   "counted here; their verdicts are in the tables.", ""]
     return lines
+
+
+def _anchor(title: str) -> str:
+    """GitHub's heading anchor: lower case, punctuation dropped, spaces to hyphens."""
+    return "".join(c for c in title.lower() if c.isalnum() or c in " -_").replace(" ", "-")
 
 
 def render(experiments_dir: Path = EXPERIMENTS_DIR, results_dir: Path = RESULTS_DIR) -> str:
@@ -151,8 +172,18 @@ def render(experiments_dir: Path = EXPERIMENTS_DIR, results_dir: Path = RESULTS_
              f"Generated by `{COMMAND}` from `experiments/*/*reference*.yaml` and the committed tables "
              "`results/<table>.csv`; do not edit by hand. How rows are judged:", "",
              *(f"- {ref.RULES[k]}" for k in ("paper", "peer", "claim")), ""]
+    overview = ["| paper (experiments folder) " + HEADER, "|---|---|---|---|---|---|"]
+    sections: list[str] = []
     for folder, loaded in files.items():
-        lines += paper_section(folder, loaded, Path(results_dir))
+        current = [f for f in loaded if f["format"] == 2]
+        title = f"[{folder}](#{_anchor(paper_title(folder, loaded))})"
+        if current:
+            judged = [j for f in current for j in judge_file(f, Path(results_dir))]
+            overview.append("| " + " | ".join([title, *counts_cells(judged)]) + " |")
+        else:
+            overview.append(f"| {title} | first reference format: not counted | | | | |")
+        sections += paper_section(folder, loaded, Path(results_dir))
+    lines += overview + [""] + sections
     return "\n".join(lines).rstrip() + "\n"
 
 

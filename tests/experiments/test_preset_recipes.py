@@ -133,6 +133,22 @@ def test_adversarial_reuses_the_redux_map_networks():
     assert cache_key(redux) != cache_key(compose_config(["experiment=redux_mnist", "seed=2", "prior.prior_precision=1"]))
 
 
+def test_mola_members_follow_the_redux_recipe():
+    """The MoLA presets train every member as redux_mnist (prior 30, all 60k images, batch 128, cosine);
+    MNIST member 0 of seed s is redux_mnist's network of seed s (same MAP cache key)."""
+    from laplace_lab.training.map_cache import cache_key
+
+    for preset, epochs in (("eschenhagen2021_mnist", 100), ("eschenhagen2021_mnist_cpu", 10)):
+        cfg = resolved([f"experiment={preset}"])
+        assert (cfg.prior.prior_precision, cfg.data.n_val, cfg.data.batch_size, cfg.trainer.max_epochs) == (
+            30.0, 0, 128, epochs), preset
+        assert cfg.lr_scheduler._target_.endswith("CosineAnnealingLR") and cfg.optimizer.lr == 1e-3, preset
+    for seed in (0, 3):
+        mola = compose_config(["experiment=eschenhagen2021_mnist", "data=mnist", f"seed={seed}"])
+        redux = compose_config(["experiment=redux_mnist", "method=la", f"seed={seed}"])
+        assert cache_key(mola) == cache_key(redux)
+
+
 @pytest.mark.slow  # ~20 s: eigendecompositions of the 3073 x 3073 input factor of 3 x 32 x 32 fake images
 def test_images_peer_check_matches_laplace_torch(tmp_path):
     """experiments/immer2021/laplace_torch_images_check.py on a small finished online_kron job
