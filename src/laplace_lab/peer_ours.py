@@ -44,7 +44,7 @@ def ours_rows(jobs_csv: str | Path, seed_key: str, settings: dict[str, str],
     for job in read_jobs(jobs_csv):
         over = _overrides(job.get("overrides", ""))
 
-        def value(key: str) -> str:
+        def value(key: str, job=job, over=over) -> str:
             return job[key] if key in job and job[key] != "" else over.get(key, "")
 
         if any(value(k) != v for k, v in (where or {}).items()):

@@ -35,7 +35,11 @@ from laplace_lab.training.module import MAPCore
 from laplace_lab.training.online_marglik import OnlineMarglikCore
 from laplace_lab.training.plain_loop import PlainTrainer, resolve_device, seed_everything
 from laplace_lab.training.posthoc import fit_posthoc_laplace, laplace_kwargs, needs_posthoc_laplace
-from laplace_lab.training.predictors import het_approx_alternatives, laplace_predictor, map_predictor
+from laplace_lab.training.predictors import (
+    het_approx_alternatives,
+    laplace_predictor,
+    map_predictor,
+)
 from laplace_lab.training.resume import (
     check_resume,
     checkpoint_dir,

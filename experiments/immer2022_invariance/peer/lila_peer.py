@@ -15,8 +15,10 @@ What is changed to run here (no copy of the authors' code; a checkout given by `
   copies in aleximmer/heteroscedastic-nn ``dependencies/laplace`` (which has
   ``laplace/curvature/augmented_asdl.py``, the module LILA imports) and ``dependencies/asdl`` are
   installed instead (``--deps``);
-- ``--device cpu``, ``--data_root`` the shared data folder (torchvision's ``MNIST/raw`` files, no
-  download), ``--save`` into a per-run folder whose pickle this script reads;
+- ``--device cpu``; ``--data_root`` a folder of links made here: their data sets subclass
+  torchvision's MNIST, which looks for ``<root>/<class name>/raw`` (``RotatedMNIST/raw``, ...), so
+  each of their class names links to the shared ``MNIST/raw`` files (no download);
+- ``--save`` into a per-run folder whose pickle this script reads;
 - the cut: ``--subset_size``, ``--n_epochs``, ``--n_samples_aug``, ``--batch_size`` (the command
   line is in every row).
 
@@ -61,6 +63,23 @@ def lila_command(dataset: str, mode: str, seed: int, args) -> list[str]:
     return cmd
 
 
+LILA_MNIST_CLASSES = ("MNIST", "RotatedMNIST", "TranslatedMNIST", "ScaledMNIST")
+
+
+def link_data_root(data_root: Path, runs_dir: Path) -> Path:
+    """``<runs_dir>/data/<class>/raw`` -> ``<data_root>/MNIST/raw`` for each of LILA's MNIST classes."""
+    raw = (data_root / "MNIST" / "raw").resolve()
+    if not raw.is_dir():
+        raise SystemExit(f"--data-root: {raw} does not exist (torchvision's MNIST/raw files are needed)")
+    root = (runs_dir / "data").resolve()
+    for name in LILA_MNIST_CLASSES:
+        link = root / name / "raw"
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.exists():
+            link.symlink_to(raw, target_is_directory=True)
+    return root
+
+
 def read_result(run_dir: Path) -> dict:
     (pkl,) = list(run_dir.glob("results/**/*.pkl"))
     with pkl.open("rb") as f:
@@ -90,6 +109,9 @@ def main() -> None:
     parser.add_argument("--runs-dir", type=Path, default=Path("outputs/lila_peer"))
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("lila.csv"))
     args = parser.parse_args()
+    if args.epochs <= 10:
+        parser.error(f"--epochs must exceed the script's burn-in of 10 epochs (it takes the best marglik "
+                     f"after it); got {args.epochs}")
     for name, allowed, value in (("--variants", VARIANTS, args.variants), ("--modes", MODES, args.modes)):
         unknown = [v for v in value.split(",") if v not in allowed]
         if unknown:
@@ -107,6 +129,7 @@ def main() -> None:
                     "# experiments/immer2022_invariance/peer/lila_peer.py at a CPU cut (subset, epochs in the rows)\n")
             csv.DictWriter(f, COLUMNS).writeheader()
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(args.repo.resolve()))
+    args.data_root = link_data_root(args.data_root, args.runs_dir)
     for seed in [int(s) for s in args.seeds.split(",")]:
         for mode in args.modes.split(","):
             for dataset in args.variants.split(","):
