@@ -4,7 +4,7 @@ variant, mode and seed, in the peer format of ``laplace_lab.peer_pairs``.
 
 Modes, as the authors' ``experimentscripts/mnist_mlp`` scripts: ``none`` = ``M_mlp_base_*``
 (``--method avgfunc --n_samples_aug 1``, no augmentation learned) and ``learned`` =
-``M_mlp_kfac_*`` (``--method avgfunc --n_samples_aug S --optimize_aug --approx ggn_kron``). Their
+``M_mlp_kfac_*`` (``--method avgfunc --n_samples_aug S --optimize_aug --approx ggn_kron``, here with ``--use_jvp``). Their
 scripts have no fixed-augmentation run (``--init_aug`` sets all six ranges alike), so ``fixed`` is
 not run. Data variants: ``mnist`` -> our ``data.transform=none``, ``mnist_r180`` -> ``rotated_full``,
 ``mnist_r90`` -> ``rotated_partial``, ``translated_mnist`` -> ``translated``.
@@ -19,6 +19,9 @@ What is changed to run here (no copy of the authors' code; a checkout given by `
   torchvision's MNIST, which looks for ``<root>/<class name>/raw`` (``RotatedMNIST/raw``, ...), so
   each of their class names links to the shared ``MNIST/raw`` files (no download);
 - ``--save`` into a per-run folder whose pickle this script reads;
+- ``learned`` runs with ``--use_jvp`` (their ``marglik_opt_jvecprod``, the variant their README's
+  MNIST MLP example uses): the default variant calls ``KronLaplace.fit_partial``, a method of the
+  ``lila`` branch that the vendored fork does not have;
 - the cut: ``--subset_size``, ``--n_epochs``, ``--n_samples_aug``, ``--batch_size`` (the command
   line is in every row).
 
@@ -56,8 +59,8 @@ def lila_command(dataset: str, mode: str, seed: int, args) -> list[str]:
     cmd = ["classification_image.py", "--method", "avgfunc", "--dataset", dataset, "--n_epochs", str(args.epochs),
            "--device", "cpu", "--subset_size", str(args.subset), "--save", "--approx", "ggn_kron",
            "--batch_size", str(args.batch_size or args.subset), "--seed", str(seed), "--data_root", str(args.data_root)]
-    if mode == "learned":
-        cmd += ["--n_samples_aug", str(args.samples), "--optimize_aug"]
+    if mode == "learned":  # --use_jvp: see the module docstring (fit_partial)
+        cmd += ["--n_samples_aug", str(args.samples), "--optimize_aug", "--use_jvp"]
     else:
         cmd += ["--n_samples_aug", "1"]
     return cmd
@@ -147,7 +150,8 @@ def main() -> None:
                     print(proc.stderr[-3000:], file=sys.stderr)
                     raise SystemExit(f"{dataset} {mode} seed {seed}: the authors' script failed (log: {run_dir}/log.txt)")
                 row = read_result(run_dir)
-                row.update({"side": "theirs", "seed": seed, "commit": commit, "command": "python " + " ".join(cmd),
+                shown = [c if c != str(args.data_root) else "<links to MNIST/raw>" for c in cmd]  # no machine paths
+                row.update({"side": "theirs", "seed": seed, "commit": commit, "command": "python " + " ".join(shown),
                             "data.transform": VARIANTS[dataset], "augmentation.mode": mode, "subset": args.subset,
                             "epochs": args.epochs, "wall_s": round(time.time() - start, 1)})
                 with args.out.open("a", newline="") as f:
