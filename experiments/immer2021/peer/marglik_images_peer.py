@@ -110,15 +110,16 @@ def main() -> None:
         with args.out.open() as f:
             done = {(r["data"], r["model"], r["seed"], r["n_train"], r["epochs"])
                     for r in csv.DictReader(line for line in f if not line.startswith("#"))}
-    import laplace
+    from importlib.metadata import version
 
+    peer_version = f"laplace-torch {version('laplace-torch')} (PyPI)"
     for data in datasets:
         for model_name in models:
             for seed in [int(s) for s in args.seeds.split(",")]:
                 if (data, model_name, str(seed), str(args.n_train), str(args.epochs)) in done:
                     continue
                 row = run_one(data, model_name, seed, args)
-                row |= {"side": "theirs", "seed": seed, "commit": f"laplace-torch {laplace.__version__ if hasattr(laplace, '__version__') else '0.3'} (PyPI)",
+                row |= {"side": "theirs", "seed": seed, "commit": peer_version,
                         "command": f"PYTHONPATH=src python experiments/immer2021/peer/marglik_images_peer.py --data {data} "
                                    f"--models {model_name} --seeds {seed} --n-train {args.n_train} --epochs {args.epochs}"
                                    + (f" --n-test {args.n_test}" if args.n_test else ""),
