@@ -180,7 +180,9 @@ def main() -> None:
     parser.add_argument("--splits", default="0-2")
     parser.add_argument("--methods", default="het_online,online_full,map_grid")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("heteroscedastic_nn.csv"))
-    parser.add_argument("--add-ours", type=Path, help="a heteroscedastic_uci jobs CSV: write its rows as side=ours")
+    parser.add_argument("--add-ours", type=Path, nargs="+",
+                        help="heteroscedastic_uci jobs CSV(s): write their rows as side=ours (a later file's job "
+                             "replaces an earlier file's of the same set, method and split)")
     parser.add_argument("--one", nargs=3, metavar=("DATA", "SPLIT", "METHOD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not args.add_ours and (args.repo is None or args.data_dir is None):
@@ -243,26 +245,28 @@ def main() -> None:
                       f"plug-in ll {row.get('test/map/ll')}, {row['wall_s']} s", flush=True)
 
 
-def add_ours(out: Path, jobs_csv: Path) -> None:
-    """Replace the ``side=ours`` rows of ``out`` by the jobs of ``jobs_csv`` (seed = split). A job
-    that logged ``test/la_het_mean/ll`` has both closed forms; an older one (before
-    ``predictive.het_approx``) logged the 'mean' form as ``test/la/ll``, which goes to
-    ``test/la_het_mean/ll`` here."""
+def add_ours(out: Path, jobs_csvs: list[Path]) -> None:
+    """Replace the ``side=ours`` rows of ``out`` by the jobs of ``jobs_csvs`` (seed = split; a later
+    file's job replaces an earlier one's of the same set, method and split). A job that logged
+    ``test/la_het_mean/ll`` has both closed forms; an older one (before ``predictive.het_approx``)
+    logged the 'mean' form as ``test/la/ll``, which goes to ``test/la_het_mean/ll`` here."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "src"))
     from laplace_lab.peer_ours import ours_rows, read_jobs
 
-    columns = set(read_jobs(jobs_csv)[0])
-    natural = "test/la_het_mean/ll" in columns
-    rows = []
-    for method in ("het_online", "online_full", "map_grid"):
-        metrics = {"test/map/ll": "test/map/ll", "test/map/rmse": "test/map/rmse"}
-        if method == "het_online":
-            metrics.update({"test/la/ll": "test/la/ll", "test/la_het_mean/ll": "test/la_het_mean/ll"} if natural
-                           else {"test/la_het_mean/ll": "test/la/ll"})
-        elif method == "online_full":
-            metrics["test/la/ll"] = "test/la/ll"
-        rows += ours_rows(jobs_csv, seed_key="data.split", settings={"data": "data.name", "method": "method_name"},
-                          metrics=metrics, where={"method_name": method})
+    by_key: dict = {}
+    for jobs_csv in jobs_csvs:
+        natural = "test/la_het_mean/ll" in set(read_jobs(jobs_csv)[0])
+        for method in ("het_online", "online_full", "map_grid"):
+            metrics = {"test/map/ll": "test/map/ll", "test/map/rmse": "test/map/rmse"}
+            if method == "het_online":
+                metrics.update({"test/la/ll": "test/la/ll", "test/la_het_mean/ll": "test/la_het_mean/ll"} if natural
+                               else {"test/la_het_mean/ll": "test/la/ll"})
+            elif method == "online_full":
+                metrics["test/la/ll"] = "test/la/ll"
+            for row in ours_rows(jobs_csv, seed_key="data.split", settings={"data": "data.name", "method": "method_name"},
+                                 metrics=metrics, where={"method_name": method}):
+                by_key[(row["data"], row["method"], row["seed"])] = row
+    rows = list(by_key.values())
     with out.open() as f:
         lines = f.read().splitlines(keepends=True)
     comments = [line for line in lines if line.startswith("#")]
@@ -272,7 +276,7 @@ def add_ours(out: Path, jobs_csv: Path) -> None:
         writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(kept + rows)
-    print(f"{out}: {len(rows)} ours rows from {jobs_csv}, {len(kept)} theirs rows kept")
+    print(f"{out}: {len(rows)} ours rows from {[str(p) for p in jobs_csvs]}, {len(kept)} theirs rows kept")
 
 
 def _record_scale(repo: Path) -> None:
