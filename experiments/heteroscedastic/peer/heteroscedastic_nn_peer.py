@@ -183,9 +183,12 @@ def main() -> None:
     parser.add_argument("--add-ours", type=Path, nargs="+",
                         help="heteroscedastic_uci jobs CSV(s): write their rows as side=ours (a later file's job "
                              "replaces an earlier file's of the same set, method and split)")
+    parser.add_argument("--import-rows", type=Path,
+                        help="a folder of '--one' logs named <set>_<split>_<method>.log (runs made elsewhere, e.g. "
+                             "in parallel): append their rows as side=theirs (needs --repo for the commit)")
     parser.add_argument("--one", nargs=3, metavar=("DATA", "SPLIT", "METHOD"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if not args.add_ours and (args.repo is None or args.data_dir is None):
+    if not args.add_ours and (args.repo is None or (args.data_dir is None and not args.import_rows)):
         parser.error("--repo (a checkout of aleximmer/heteroscedastic-nn) and --data-dir are required to run "
                      "the authors' code")
     for name in args.sets.split(","):
@@ -207,29 +210,22 @@ def main() -> None:
         add_ours(args.out, args.add_ours)
         return
     theirs_commit = git_commit(args.repo)
+    if args.import_rows:
+        import_rows(args.out, args.import_rows, theirs_commit)
+        return
     done = set()
     if args.out.exists():
         with args.out.open() as f:
             for rec in csv.DictReader(line for line in f if not line.startswith("#")):
                 done.add((rec["side"], rec["data"], rec["seed"], rec["method"]))
-    else:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with args.out.open("w", newline="") as f:
-            f.write("# aleximmer/heteroscedastic-nn run on the standard UCI splits (seed = split) by\n"
-                    "# experiments/heteroscedastic/peer/heteroscedastic_nn_peer.py; side 'ours' rows are\n"
-                    "# our jobs of the same split (their commit and command in the row)\n")
-            csv.DictWriter(f, COLUMNS).writeheader()
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(args.repo))
+    ensure_header(args.out)
     for method in args.methods.split(","):  # a cut-off run has whole (method, set) cells done
         for data in args.sets.split(","):
             for split in parse_range(args.splits):
                 if ("theirs", data, str(split), method) in done:
                     continue
-                opts = METHODS[method]
-                command = (f"python run_uci_crispr_regression.py --seed {split} --dataset {data} --config configs/uci.yaml"
-                           f" --likelihood {opts['likelihood']} --method {opts['method']}"
-                           + (f" --head {opts['head']}" if opts["likelihood"] == "heteroscedastic" else "")
-                           + f" (standard split {split}; peer script's patches)")
+                command = authors_command(data, split, method)
                 proc = subprocess.run([sys.executable, __file__, "--repo", str(args.repo), "--data-dir",
                                        str(args.data_dir), "--one", data, str(split), method],
                                       capture_output=True, text=True, env=env)
@@ -243,6 +239,47 @@ def main() -> None:
                     csv.DictWriter(f, COLUMNS).writerow({k: row.get(k, "") for k in COLUMNS})
                 print(f"{data} split {split} {method}: LA ll {row.get('test/la/ll')}, "
                       f"plug-in ll {row.get('test/map/ll')}, {row['wall_s']} s", flush=True)
+
+
+def authors_command(data: str, split: int, method: str) -> str:
+    """The authors' command line this script's patched run stands for (the CSV's ``command``)."""
+    opts = METHODS[method]
+    return (f"python run_uci_crispr_regression.py --seed {split} --dataset {data} --config configs/uci.yaml"
+            f" --likelihood {opts['likelihood']} --method {opts['method']}"
+            + (f" --head {opts['head']}" if opts["likelihood"] == "heteroscedastic" else "")
+            + f" (standard split {split}; peer script's patches)")
+
+
+def ensure_header(out: Path) -> None:
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w", newline="") as f:
+            f.write("# aleximmer/heteroscedastic-nn run on the standard UCI splits (seed = split) by\n"
+                    "# experiments/heteroscedastic/peer/heteroscedastic_nn_peer.py; side 'ours' rows are\n"
+                    "# our jobs of the same split (their commit and command in the row)\n")
+            csv.DictWriter(f, COLUMNS).writeheader()
+
+
+def import_rows(out: Path, folder: Path, commit: str) -> None:
+    """Append the ``ROW`` lines of ``folder/<set>_<split>_<method>.log`` ('--one' runs made elsewhere)
+    as side=theirs rows, skipping (set, split, method) already in ``out``."""
+    ensure_header(out)
+    with out.open() as f:
+        done = {(r["data"], r["seed"], r["method"]) for r in csv.DictReader(line for line in f if not line.startswith("#"))
+                if r["side"] == "theirs"}
+    added = 0
+    for log in sorted(folder.glob("*.log")):
+        data, split, method = log.stem.rsplit("_", 2)
+        rows = [line for line in log.read_text().splitlines() if line.startswith("ROW ")]
+        if not rows or (data, split, method) in done or method not in METHODS or data not in SETS:
+            continue
+        row = json.loads(rows[-1][4:])
+        row.update(side="theirs", seed=int(split), commit=commit, command=authors_command(data, int(split), method),
+                   data=data, method=method)
+        with out.open("a", newline="") as f:
+            csv.DictWriter(f, COLUMNS).writerow({k: row.get(k, "") for k in COLUMNS})
+        added += 1
+    print(f"{out}: {added} rows imported from {folder}")
 
 
 def add_ours(out: Path, jobs_csvs: list[Path]) -> None:
