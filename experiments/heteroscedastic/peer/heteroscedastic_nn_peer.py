@@ -269,9 +269,12 @@ def import_rows(out: Path, folder: Path, commit: str) -> None:
                 if r["side"] == "theirs"}
     added = 0
     for log in sorted(folder.glob("*.log")):
-        data, split, method = log.stem.rsplit("_", 2)
+        method = next((m for m in METHODS if log.stem.endswith("_" + m)), None)  # method names hold '_'
+        if method is None:
+            continue
+        data, split = log.stem[: -len(method) - 1].rsplit("_", 1)
         rows = [line for line in log.read_text().splitlines() if line.startswith("ROW ")]
-        if not rows or (data, split, method) in done or method not in METHODS or data not in SETS:
+        if not rows or (data, split, method) in done or data not in SETS:
             continue
         row = json.loads(rows[-1][4:])
         row.update(side="theirs", seed=int(split), commit=commit, command=authors_command(data, int(split), method),
