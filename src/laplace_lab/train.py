@@ -40,7 +40,11 @@ from laplace_lab.training.module import MAPCore
 from laplace_lab.training.online_marglik import OnlineMarglikCore
 from laplace_lab.training.plain_loop import PlainTrainer, resolve_device, seed_everything
 from laplace_lab.training.posthoc import fit_posthoc_laplace, laplace_kwargs, needs_posthoc_laplace
-from laplace_lab.training.predictors import laplace_predictor, map_predictor
+from laplace_lab.training.predictors import (
+    het_approx_alternatives,
+    laplace_predictor,
+    map_predictor,
+)
 from laplace_lab.training.resume import (
     check_resume,
     checkpoint_dir,
@@ -112,6 +116,13 @@ def build(cfg: DictConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPC
     likelihood = resolve_likelihood(cfg, datamodule)
     n_out = datamodule.num_outputs * (2 if likelihood == "heteroscedastic_regression" else 1)
     model = instantiate(cfg.model)(input_shape=datamodule.input_shape, num_outputs=n_out)
+    if likelihood == "heteroscedastic_regression":  # het_head: the link of the noise precision
+        from laplace_lab.models.het_head import with_het_head
+
+        model = with_het_head(model, cfg.get("het_head", "softplus"))
+    dtype = getattr(datamodule, "dtype", torch.float32)
+    if dtype != torch.float32:  # data.dtype=float64: the network computes in the data's precision
+        model = model.to(dtype)
     if _uses_augmentation(cfg):  # augmentation/: logits averaged over transforms
         from laplace_lab.training.augmentation import wrap_model
 
@@ -191,6 +202,7 @@ def evaluate(cfg: DictConfig, module: MAPCore, datamodule: LabDataModule, la, lo
     predictors = {"map": map_predictor(module)}
     if la is not None:
         predictors["la"] = laplace_predictor(la, cfg.predictive)
+        predictors.update(het_approx_alternatives(la, cfg.predictive))
     predictors.update(extra_predictors or {})
     task = "classification" if module.likelihood == "classification" else "regression"
     is_toy2d = task == "classification" and tuple(datamodule.input_shape) == (2,)
