@@ -219,7 +219,7 @@ def _ood(ctx: _Context, probs_in, kept, ood_loaders, dataset):
     n = min(cfg.ood.n_generated, len(kept))
     if cfg.ood.noise:
         if ctx.input_range is None:
-            rep.skip("ood/noise", "inputs are unbounded (input_range is None): no range to draw noise from")
+            rep.skip("ood/noise", "inputs are unbounded (input_range is None): no range to draw noise from", warn=False)
         else:
             x = uniform_noise(cfg.ood.n_generated, tuple(kept.shape[1:]), ctx.input_range, ctx.rng)
             sets["noise"] = ctx.probs_of(x, "ood/noise")
