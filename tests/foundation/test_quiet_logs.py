@@ -12,11 +12,11 @@ def test_listed_warnings_are_ignored_and_others_show():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("default")
         quiet_logs.install()
-        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning)
-        warnings.warn("The number of training batches (8) is smaller than the logging interval Trainer(...)")
-        warnings.warn("Total length of `DataLoader` across ranks is zero. Please make sure ...")
-        warnings.warn("The 'val_dataloader' does not have many workers which may be a bottleneck.")
-        warnings.warn("a warning of our own")
+        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated, use ...", FutureWarning, stacklevel=1)
+        warnings.warn("The number of training batches (8) is smaller than the logging interval Trainer(...)", stacklevel=1)
+        warnings.warn("Total length of `DataLoader` across ranks is zero. Please make sure ...", stacklevel=1)
+        warnings.warn("The 'val_dataloader' does not have many workers which may be a bottleneck.", stacklevel=1)
+        warnings.warn("a warning of our own", stacklevel=1)
     assert [str(w.message) for w in caught] == ["a warning of our own"]
 
 
