@@ -82,9 +82,8 @@ def job_line(job_dir: Path, root: Path) -> tuple[str, str]:
     total = max_epochs(job_dir)
     epochs = saved_epochs(job_dir) if state != "finished" else {}
     saved = ", ".join(f"{'' if k == '.' else k + ' '}{v}/{total or '?'}" for k, v in epochs.items())
-    from laplace_lab.sweeps.job_progress import (
-        progress_text,  # (the phase, epoch and ETA of progress.json)
-    )
+    # the phase, epoch and ETA of progress.json
+    from laplace_lab.sweeps.job_progress import progress_text
 
     now = progress_text(job_dir, state) if state in ("running", "cut off") else ""
     wall = ""
@@ -105,9 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"not a folder: {', '.join(missing)}")
     counts: dict[str, int] = {}
     for root in args.folders:
-        from laplace_lab.sweeps.job_progress import (
-            job_dirs,  # (single runs before their status.json too)
-        )
+        # the folders of status.json files, and of single runs before their status.json
+        from laplace_lab.sweeps.job_progress import job_dirs
 
         for job_dir in job_dirs(root, STATUS_FILE):
             state, line = job_line(job_dir, root)
