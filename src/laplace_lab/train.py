@@ -215,8 +215,16 @@ def evaluate(cfg: DictConfig, module: MAPCore, datamodule: LabDataModule, la, lo
         target_std=datamodule.target_std if datamodule.target_std is not None else 1.0,
         dataset=getattr(datamodule, "name", None), data_dir=cfg.paths.data_dir,
         input_range=datamodule.input_range, toy_data=datamodule.train_set.tensors if is_toy2d else None,
-        step=step, on_eta=on_eta,
+        step=step, on_eta=on_eta, label=run_label(cfg, module.likelihood),
     )
+
+
+def run_label(cfg: DictConfig, likelihood: str) -> str:
+    """``toy2d moons; Laplace: last-layer KFAC-GGN, GLM predictive (MC)``: written on every figure."""
+    from laplace_lab.evaluation.labels import dataset_label, laplace_label
+
+    bayes = f"; Laplace: {laplace_label(cfg, likelihood)}" if needs_posthoc_laplace(cfg) else ""
+    return f"{dataset_label(cfg.data)}{bayes}"
 
 
 def make_trainer(cfg: DictConfig, output_dir: Path, loggers, callbacks, loop: str):

@@ -123,7 +123,7 @@ def run_evaluation(cfg: Any, task: str, predictors: dict[str, Callable], test_lo
                    y_standardised: bool = True, dataset: str | None = None, data_dir: str | None = None,
                    input_range: tuple[float, float] | None | str = "config", toy_data: tuple[Tensor, Tensor] | None = None,
                    device: str | torch.device | None = None, step: int | None = None,
-                   on_eta: Callable[[float | None], None] | None = None) -> dict[str, float]:
+                   on_eta: Callable[[float | None], None] | None = None, label: str = "") -> dict[str, float]:
     """Evaluate every predictor; log to ``logger`` (one Lightning logger or a list) and ``out_dir``.
 
     Args:
@@ -147,6 +147,7 @@ def run_evaluation(cfg: Any, task: str, predictors: dict[str, Callable], test_lo
         device: where inputs are sent (default: the device of the first ``nn.Module`` parameter).
         step: step passed to the loggers.
         on_eta: receives the estimated seconds the evaluation has left (``timing.EvalTimer``).
+        label: the run's data set and Laplace predictive, written above every figure's title.
 
     Returns the flat dict of scalar metrics (also in ``<out_dir>/eval_metrics.json``).
     """
@@ -155,7 +156,7 @@ def run_evaluation(cfg: Any, task: str, predictors: dict[str, Callable], test_lo
         raise ValueError(f"task={task!r} is not supported; allowed: {list(TASKS)}")
     if not predictors:
         raise ValueError("run_evaluation needs at least one predictor")
-    rep = Reporter(out_dir, logger, step)
+    rep = Reporter(out_dir, logger, step, label=label)
     if not ecfg.enabled:
         rep.skip("all", "evaluation.enabled=false", warn=False)
         return rep.finalize(config_to_dict(ecfg))
@@ -209,6 +210,8 @@ def _plan(ctx: _Context, test_loader, ood_loaders, dataset, data_dir, toy_data, 
     if c.enabled and _norm_name(dataset) == "cifar10":
         present, _ = cifar10c_status(c.data_dir or data_dir, c.corruptions)
         planned["cifar10c"] = len(present or []) * len(c.severities) * (c.max_items or 10000)
+    if cfg.reliability_diagram:
+        other.insert(0, "reliability diagram")
     if cfg.adversarial.enabled:
         other.append("adversarial")
     if cfg.toy2d.enabled and toy_data is not None:
@@ -232,9 +235,10 @@ def _classification(ctx: _Context, test_loader, ood_loaders, attack_model, datas
         b = M.calibration_bins(p, y, cfg.n_bins)
         bins.append(pd.DataFrame({"predictor": name, **{k: v.numpy() for k, v in b.items()}}))
     if cfg.reliability_diagram:
-        df = pd.concat(bins, ignore_index=True)
-        rep.add_table("reliability", df)
-        rep.add_figure("reliability", plots.reliability_diagram(df, ece, f"test ({cfg.n_bins} bins)"))
+        with timer.section("reliability diagram"):
+            df = pd.concat(bins, ignore_index=True)
+            rep.add_table("reliability", df)
+            rep.add_figure("reliability", plots.reliability_diagram(df, ece, f"reliability on the test set ({cfg.n_bins} bins)"))
 
     with timer.section("ood"):
         _ood(ctx, probs, kept, ood_loaders, dataset)
@@ -278,6 +282,9 @@ def _ood(ctx: _Context, probs_in, kept, ood_loaders, dataset):
         return
     rows, conf_rows = [], []
     in_name = dataset or "in-distribution"
+    captions = {in_name: "test set" if dataset is None else f"{dataset} test set", "far_away": plots.OOD_CAPTIONS["far_away"].format(
+        alpha=f"{cfg.ood.far_away_alpha:g}"), "noise": plots.OOD_CAPTIONS["noise"]}
+    captions |= {n: f"{n} (OOD data set)" for n in sets if n not in captions}
     for pname, p_in in probs_in.items():
         conf_rows.append(pd.DataFrame({"predictor": pname, "dataset": in_name,
                                        "confidence": M.confidence(p_in).numpy()}))
@@ -289,8 +296,9 @@ def _ood(ctx: _Context, probs_in, kept, ood_loaders, dataset):
             conf_rows.append(pd.DataFrame({"predictor": pname, "dataset": set_name,
                                            "confidence": M.confidence(p_out).numpy()}))
     rep.add_table("ood", pd.DataFrame(rows))
-    rep.add_figure("confidence_hist", plots.confidence_histograms(pd.concat(conf_rows, ignore_index=True),
-                                                                  "max-confidence: test vs OOD"))
+    n_classes = next(iter(probs_in.values())).shape[1]
+    rep.add_figure("confidence_hist", plots.confidence_histograms(
+        pd.concat(conf_rows, ignore_index=True), "max confidence: test set against OOD sets", captions, n_classes))
 
 
 def _rotation(ctx: _Context, test_loader, kept):
