@@ -28,6 +28,7 @@ from laplace_lab import quiet_logs
 from laplace_lab.config_validation import HELD_OUT_VALIDATION, validate_config
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.eta import PhaseLog, attached_to_terminal
+from laplace_lab.evaluation.config import check_landscape_run
 from laplace_lab.evaluation.config import validate_config as validate_evaluation_config
 from laplace_lab.run_loggers import build_loggers, finish_loggers
 from laplace_lab.sweeps.devices import check_accelerator
@@ -203,7 +204,12 @@ def evaluate(cfg: DictConfig, module: MAPCore, datamodule: LabDataModule, la, lo
     task = "classification" if module.likelihood == "classification" else "regression"
     is_toy2d = task == "classification" and tuple(datamodule.input_shape) == (2,)
     # imported here: pandas and matplotlib load when a run evaluates
+    from laplace_lab.evaluation.landscape import LandscapeInputs
     from laplace_lab.evaluation.runner import run_evaluation
+
+    landscape = None  # the loss landscape around the MAP beside la's Gaussian (evaluation.landscape)
+    if la is not None and OmegaConf.select(cfg, "evaluation.landscape.enabled", default=False):
+        landscape = LandscapeInputs(la, datamodule.train_set, datamodule.test_set)
 
     eval_cfg = cfg.evaluation
     if eval_cfg.get("progress") and not attached_to_terminal():  # one line per section instead
@@ -215,7 +221,7 @@ def evaluate(cfg: DictConfig, module: MAPCore, datamodule: LabDataModule, la, lo
         target_std=datamodule.target_std if datamodule.target_std is not None else 1.0,
         dataset=getattr(datamodule, "name", None), data_dir=cfg.paths.data_dir,
         input_range=datamodule.input_range, toy_data=datamodule.train_set.tensors if is_toy2d else None,
-        step=step, on_eta=on_eta, label=run_label(cfg, module.likelihood),
+        step=step, landscape=landscape, on_eta=on_eta, label=run_label(cfg, module.likelihood),
     )
 
 
@@ -445,7 +451,8 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
             from laplace_lab.training.augmentation import validate_augmentation_config
 
             validate_augmentation_config(cfg)
-        validate_evaluation_config(cfg.evaluation)
+        check_landscape_run(validate_evaluation_config(cfg.evaluation), cfg.curvature.hessian_structure,
+                            needs_posthoc_laplace(cfg))
         ensemble.validate_ensemble_config(cfg)
         validate_checkpoint_config(cfg)
         check_accelerator(cfg.trainer)

@@ -17,6 +17,10 @@ section               view                              metrics
 ``confmax_map``       ``eps_<eps>``                     conf entropy
 ``confmax_self``      ``eps_<eps>``                     conf entropy
 ``toy2d``             ``far``                           conf (mean on the zoomed-out border)
+``landscape``         (none); ``d<i>`` (direction i)    ``map/loss``, ``map/acc`` (regression
+                                                        ``map/rmse``), ``la/tv``; ``d<i>/la/``
+                                                        ``curvature_ratio``, ``offset_std``
+                                                        (``landscape.metric_keys``)
 ====================  ================================  =========================================
 
 Numbers in views use ``format(v, "g")``: ``rot_30``, ``eps_0.05``. E.g. ``test/la/ece``,
@@ -48,6 +52,7 @@ from laplace_lab.evaluation.adversarial import (
     fgsm_sweep,
 )
 from laplace_lab.evaluation.config import EvalConfig, config_to_dict, validate_config
+from laplace_lab.evaluation.landscape import LandscapeInputs
 from laplace_lab.evaluation.ood import far_away, uniform_noise
 from laplace_lab.evaluation.predict import (
     eval_mode,
@@ -123,7 +128,8 @@ def run_evaluation(cfg: Any, task: str, predictors: dict[str, Callable], test_lo
                    y_standardised: bool = True, dataset: str | None = None, data_dir: str | None = None,
                    input_range: tuple[float, float] | None | str = "config", toy_data: tuple[Tensor, Tensor] | None = None,
                    device: str | torch.device | None = None, step: int | None = None,
-                   on_eta: Callable[[float | None], None] | None = None, label: str = "") -> dict[str, float]:
+                   landscape: LandscapeInputs | None = None, on_eta: Callable[[float | None], None] | None = None,
+                   label: str = "") -> dict[str, float]:
     """Evaluate every predictor; log to ``logger`` (one Lightning logger or a list) and ``out_dir``.
 
     Args:
@@ -146,6 +152,8 @@ def run_evaluation(cfg: Any, task: str, predictors: dict[str, Callable], test_lo
         toy_data: ``(X [N, 2], y [N])`` drawn on the toy contour plots (none: contours skipped).
         device: where inputs are sent (default: the device of the first ``nn.Module`` parameter).
         step: step passed to the loggers.
+        landscape: the fitted Laplace and the training / test rows for ``evaluation.landscape``
+            (``landscape.LandscapeInputs``); none: the landscape is skipped.
         on_eta: receives the estimated seconds the evaluation has left (``timing.EvalTimer``).
         label: the run's data set and Laplace predictive, written above every figure's title.
 
@@ -177,6 +185,7 @@ def run_evaluation(cfg: Any, task: str, predictors: dict[str, Callable], test_lo
             else:
                 _classification(ctx, test_loader, ood_loaders or {}, attack_model, dataset, data_dir,
                                 toy_data)
+            _landscape(ctx, landscape, dataset)
     finally:
         result = rep.finalize(config_to_dict(ecfg))
     return result
@@ -477,6 +486,30 @@ def _toy2d(ctx: _Context, data, n_classes):
         rep.add_figure(name, fig)
     for pname, v in far.items():
         rep.add_metrics({metric_key("toy2d", "far", pname, "conf"): v})
+
+
+# ================================================================================ landscape
+def _landscape(ctx: _Context, inputs: LandscapeInputs | None, dataset: str | None):
+    cfg, rep = ctx.cfg, ctx.rep
+    if not cfg.landscape.enabled:
+        rep.skip("landscape", "evaluation.landscape.enabled=false", warn=False)
+        return
+    if inputs is None:
+        rep.skip("landscape", "no fitted Laplace and training rows given (run_evaluation's landscape=...)")
+        return
+    from laplace_lab.evaluation import landscape, landscape_html, landscape_plots
+
+    ls = landscape.compute_landscape(inputs.la, inputs.train_set, inputs.test_set, cfg.landscape, cfg.chunk_size,
+                                     landscape.progress_enabled(cfg.progress))
+    values = landscape.metric_keys(ls)
+    rep.add_metrics(values)
+    for name, df in landscape.tables(ls).items():
+        rep.add_table(name, df)
+    rep.add_figure("landscape_1d", landscape_plots.figure_1d(ls, dataset))
+    rep.add_figure("landscape_2d", landscape_plots.figure_2d(ls, dataset))
+    rep.add_figure("landscape_posterior", landscape_plots.figure_posterior(ls, dataset))
+    if cfg.landscape.html:
+        landscape_html.write(ls, rep.out_dir / "figures" / "landscape.html", dataset)
 
 
 # =============================================================================== regression
