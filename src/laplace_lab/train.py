@@ -24,9 +24,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
+from laplace_lab import quiet_logs
 from laplace_lab.config_validation import HELD_OUT_VALIDATION, validate_config
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.data.split_checks import check_nonempty
+from laplace_lab.eta import PhaseLog, attached_to_terminal
 from laplace_lab.evaluation.config import check_landscape_run
 from laplace_lab.evaluation.config import validate_config as validate_evaluation_config
 from laplace_lab.io.atomic import write_text_atomic
@@ -36,6 +38,7 @@ from laplace_lab.sweeps.devices import check_accelerator
 from laplace_lab.sweeps.jobs import record_devices, run_tracked
 from laplace_lab.sweeps.signals import exit_on_interrupt
 from laplace_lab.training import ensemble, loop_choice, map_cache
+from laplace_lab.training.epoch_eta import EpochETA
 from laplace_lab.training.module import MAPCore
 from laplace_lab.training.online_marglik import OnlineMarglikCore
 from laplace_lab.training.plain_loop import PlainTrainer, resolve_device, seed_everything
@@ -55,6 +58,7 @@ from laplace_lab.training.resume import (
 )
 
 log = logging.getLogger(__name__)
+quiet_logs.install()  # third-party tips and known-harmless warnings, before Hydra composes the config
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 CONFIG_ERRORS = (ValueError, FileNotFoundError)  # what validation and our constructors raise on bad input
 guard_hydra_callbacks()  # hydra.callbacks.* targets are checked against the allowlist before Hydra builds them
@@ -173,7 +177,20 @@ def build_callbacks(cfg: DictConfig, output_dir: Path, loop: str = "lightning") 
         ))
     if cfg.checkpoint.enabled:  # last.ckpt, plus the best by checkpoint.monitor if set
         callbacks += checkpoint_callbacks(cfg, output_dir)
+    callbacks.append(epoch_eta(output_dir, loop))
     return callbacks
+
+
+def epoch_eta(output_dir: Path, loop: str = "lightning"):
+    """The remaining-training-time hook (``training.epoch_eta``) of the training in ``output_dir``
+    (a ``map_grid`` point, its refit or an ensemble member is named by its subfolder)."""
+    name = output_dir.name
+    label = f"MAP training ({name})" if name.startswith(("grid_", "member_", REFIT_NAME)) else "MAP training"
+    if loop == "lightning":
+        from laplace_lab.training.lightning_classes import EpochETACallback as eta_class
+    else:
+        eta_class = EpochETA
+    return eta_class(output_dir, label)
 
 
 def checkpoint_callbacks(cfg: DictConfig, output_dir: Path) -> list:
@@ -195,10 +212,11 @@ def checkpoint_callbacks(cfg: DictConfig, output_dir: Path) -> list:
 
 
 def evaluate(cfg: DictConfig, module: MAPCore, datamodule: LabDataModule, la, loggers, output_dir: Path,
-             step: int, extra_predictors: dict | None = None) -> dict[str, float]:
+             step: int, extra_predictors: dict | None = None, on_eta=None) -> dict[str, float]:
     """MAP and (if fitted) Laplace predictives side by side, through ``laplace_lab.evaluation``;
     ``extra_predictors`` (e.g. the ensemble's ``de`` / ``mola``) are evaluated beside them. FGSM
-    attacks ``module.model`` (for an ensemble: member 0)."""
+    attacks ``module.model`` (for an ensemble: member 0). Progress bars only on a terminal;
+    ``on_eta(seconds)`` receives the evaluation's estimate of its remaining time."""
     predictors = {"map": map_predictor(module)}
     if la is not None:
         predictors["la"] = laplace_predictor(la, cfg.predictive)
@@ -214,15 +232,26 @@ def evaluate(cfg: DictConfig, module: MAPCore, datamodule: LabDataModule, la, lo
     if la is not None and OmegaConf.select(cfg, "evaluation.landscape.enabled", default=False):
         landscape = LandscapeInputs(la, datamodule.train_set, datamodule.test_set)
 
+    eval_cfg = cfg.evaluation
+    if eval_cfg.get("progress") and not attached_to_terminal():  # one line per section instead
+        eval_cfg = OmegaConf.merge(eval_cfg, {"progress": False})
     return run_evaluation(
-        cfg.evaluation, task, predictors, datamodule.test_dataloader(), ood_loaders=datamodule.ood_dataloaders(),
+        eval_cfg, task, predictors, datamodule.test_dataloader(), ood_loaders=datamodule.ood_dataloaders(),
         attack_model=module.model, out_dir=output_dir, logger=loggers,
         target_mean=datamodule.target_mean if datamodule.target_mean is not None else 0.0,
         target_std=datamodule.target_std if datamodule.target_std is not None else 1.0,
         dataset=getattr(datamodule, "name", None), data_dir=cfg.paths.data_dir,
         input_range=datamodule.input_range, toy_data=datamodule.train_set.tensors if is_toy2d else None,
-        step=step, landscape=landscape,
+        step=step, landscape=landscape, on_eta=on_eta, label=run_label(cfg, module.likelihood),
     )
+
+
+def run_label(cfg: DictConfig, likelihood: str) -> str:
+    """``toy2d moons; Laplace: last-layer KFAC-GGN, GLM predictive (MC)``: written on every figure."""
+    from laplace_lab.evaluation.labels import dataset_label, laplace_label
+
+    bayes = f"; Laplace: {laplace_label(cfg, likelihood)}" if needs_posthoc_laplace(cfg) else ""
+    return f"{dataset_label(cfg.data)}{bayes}"
 
 
 def make_trainer(cfg: DictConfig, output_dir: Path, loggers, callbacks, loop: str):
@@ -231,11 +260,13 @@ def make_trainer(cfg: DictConfig, output_dir: Path, loggers, callbacks, loop: st
         t = cfg.trainer
         return PlainTrainer(t.max_epochs, resolve_device(t.get("accelerator", "auto")), loggers, callbacks,
                             log_every_n_steps=t.get("log_every_n_steps", 50),
-                            enable_progress_bar=t.get("enable_progress_bar", True),
+                            enable_progress_bar=t.get("enable_progress_bar", True) and attached_to_terminal(),
                             check_val_every_n_epoch=t.get("check_val_every_n_epoch", 1))
     import pytorch_lightning as pl
 
-    return pl.Trainer(**loop_choice.trainer_kwargs(cfg), logger=loggers, default_root_dir=str(output_dir),
+    kwargs = loop_choice.trainer_kwargs(cfg)  # progress bars only on a terminal: epoch lines (EpochETA) otherwise
+    kwargs["enable_progress_bar"] = kwargs.get("enable_progress_bar", True) and attached_to_terminal()
+    return pl.Trainer(**kwargs, logger=loggers, default_root_dir=str(output_dir),
                       callbacks=callbacks, enable_checkpointing=cfg.checkpoint.enabled)
 
 
@@ -454,6 +485,8 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     if ensemble.enabled(cfg) and cfg.ensemble.member is not None:  # train one member into the MAP cache
         return ensemble.run_member_job(cfg, output_dir, train_map)
     loggers = build_loggers(cfg, output_dir, plain=loop == "plain")
+    phases = PhaseLog(output_dir)
+    phases.start("MAP training", training_plan(cfg, loop))
     if cfg.map_grid:
         datamodule, module, trainer, metrics = train_map_grid(cfg, output_dir, loggers, loop)
     else:
@@ -465,18 +498,23 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
         metrics["hparams/sigma_noise"] = module.sigma_noise.item()
     la = None
     if needs_posthoc_laplace(cfg):
+        c = cfg.curvature
+        phases.start("Laplace fit", f"{c.subset_of_weights} {c.hessian_structure} {c.type}, one pass over the "
+                     f"{datamodule.n_train} training rows, then the prior by {cfg.marglik.get('posthoc_prior', 'none')}")
         la, la_metrics = fit_posthoc_laplace(cfg, module, datamodule)
         metrics.update(la_metrics)
     extra_predictors = None
     if ensemble.enabled(cfg):  # members 1..K-1 and the mixtures (member 0 is the network above)
+        phases.start("Ensemble members", f"{cfg.ensemble.size - 1} more networks, each trained like the first")
         extra_predictors, ensemble_metrics = ensemble.fit_members(cfg, output_dir, module, la, train_map)
         metrics.update(ensemble_metrics)
     for logger in loggers:
         logger.log_metrics(metrics, step=trainer.global_step)
     if cfg.evaluation.enabled:
+        phases.start("Evaluation", "an estimate of its time follows the test-set pass")
         start = time.perf_counter()
         metrics.update(evaluate(cfg, module, datamodule, la, loggers, output_dir, trainer.global_step,
-                                extra_predictors))
+                                extra_predictors, on_eta=phases.eta))
         log.info("Evaluation: %d metrics, %.1f s", len(metrics), time.perf_counter() - start)
         if module.likelihood != "classification":
             warn_if_underfit(metrics, train_target_std(datamodule))
@@ -484,8 +522,28 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     write_text_atomic(output_dir / "metrics.json", json.dumps(metrics, indent=2))
     headline = {k: v for k, v in metrics.items() if k.startswith(("test/", "time/", "hparams/", "laplace/"))}
     print("Final metrics:\n" + "\n".join(f"  {k}: {v:.4f}" for k, v in headline.items()))
+    print_laplace_summary(cfg, metrics, module.likelihood)
+    phases.finish()
     check_final_metrics(metrics, output_dir / "metrics.json")
     return metrics
+
+
+def training_plan(cfg: DictConfig, loop: str) -> str:
+    """What the MAP training phase will run, for its start line."""
+    grid = f"{len(cfg.map_grid)} trainings (map_grid){' and a refit' if cfg.get('map_grid_refit') else ''} of " \
+        if cfg.map_grid else ""
+    return f"{grid}{cfg.trainer.max_epochs} epochs, {loop} loop; the remaining time is logged after the first epoch"
+
+
+def print_laplace_summary(cfg: DictConfig, metrics: dict[str, float], likelihood: str) -> None:
+    """Print what the Laplace predictive changed against the MAP (``evaluation.summary``), if both ran."""
+    from laplace_lab.evaluation.labels import dataset_label, laplace_label
+    from laplace_lab.evaluation.summary import format_summary
+
+    text = format_summary(metrics, laplace_label(cfg, likelihood), dataset_label(cfg.data),
+                          OmegaConf.select(cfg, "evaluation.ood.far_away_alpha"))
+    if text:
+        print(text)
 
 
 @exit_on_interrupt

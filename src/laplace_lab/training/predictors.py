@@ -26,15 +26,27 @@ def map_predictor(module: MAPCore) -> Callable:
     return predict
 
 
+def predictive_link(likelihood: str, predictive: DictConfig) -> str | None:
+    """``predictive.link_approx`` for classification; for Gaussian regression the glm predictive is
+    Gaussian, so it is its closed form whatever the link (``None``), as laplace-torch's ``la(x)``
+    (``predictive/`` documents the link as a classification option). ``pred_type=nn`` and
+    heteroscedastic regression keep the configured link (their samples are the predictive)."""
+    if likelihood == "regression" and predictive.pred_type == "glm":
+        return None
+    return predictive.link_approx
+
+
 def laplace_predictor(la, predictive: DictConfig, het_approx: str | None = None) -> Callable:
     """The Laplace predictive ``la(x, pred_type, link_approx, n_samples)`` of ``predictive/``
-    (heteroscedastic: with ``predictive.het_approx``, or ``het_approx`` where given)."""
+    (link: ``predictive_link``; heteroscedastic: with ``predictive.het_approx``, or ``het_approx``
+    where given)."""
+    link = predictive_link(la.likelihood, predictive)
     kwargs = {}
     if la.likelihood == "heteroscedastic_regression":
         kwargs["het_approx"] = het_approx or predictive.get("het_approx", "mean")
 
     def predict(x: torch.Tensor):
-        out = la(x, pred_type=predictive.pred_type, link_approx=predictive.link_approx,
+        out = la(x, pred_type=predictive.pred_type, link_approx=link,
                  n_samples=int(predictive.n_samples), diagonal_output=True, **kwargs)
         if la.likelihood == "regression":  # la(x) returns the functional variance: add the noise
             return out[0], out[1] + la.sigma_noise.square().to(out[1])
