@@ -34,6 +34,7 @@ PROJECT_TARGETS = frozenset({
     "laplace_lab.models.WideResNet",
     "laplace_lab.training.schedules.StepwiseCosine",
     "laplace_lab.sweeps.callback.SweepSummary",
+    "laplace_lab.sweeps.sweep_eta.SweepETA",
 })
 LIBRARY_TARGETS = frozenset({
     "torch.optim.Adam", "torch.optim.AdamW", "torch.optim.SGD", "torch.optim.RMSprop",
