@@ -83,8 +83,13 @@ def max_epochs(job_dir: Path) -> int | None:
 
 
 def job_line(job_dir: Path, root: Path) -> tuple[str, str]:
-    """(state, the job's line); ``unreadable`` (with why) for a ``status.json`` that does not parse."""
+    """(state, the job's line); ``unreadable`` (with why) for a ``status.json`` that does not parse
+    or is missing (but for a single run still training: it has a ``progress.json``)."""
     status, why = read_json_file(job_dir / STATUS_FILE)
+    from laplace_lab.sweeps.job_progress import PROGRESS_FILE
+
+    if why and not (job_dir / STATUS_FILE).exists() and (job_dir / PROGRESS_FILE).is_file():
+        status, why = {}, ""  # a single run writes its status.json only once trained
     if why:
         return "unreadable", f"{'unreadable':9s} {job_dir.relative_to(root)}  ({why}; a relaunch moves it aside and runs the job)"
     metrics, why = read_json_file(job_dir / "metrics.json")
