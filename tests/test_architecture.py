@@ -100,8 +100,9 @@ def test_the_check_finds_an_upward_import(tmp_path):
 
 
 # Where the composed config (Hydra's ``DictConfig``) may appear: the entry point, the config package
-# that reads it into the typed ``RunConfig``, and the Hydra callback, which Hydra hands its own config.
-DICTCONFIG_ALLOWED = ("train.py", "config/", "sweeps/callback.py")
+# that reads it into the typed ``RunConfig``, and the Hydra callbacks (sweep summary, sweep ETA),
+# which Hydra hands its own config.
+DICTCONFIG_ALLOWED = ("train.py", "config/", "sweeps/callback.py", "sweeps/sweep_eta.py")
 
 
 def test_only_the_entry_point_and_config_see_the_composed_config():

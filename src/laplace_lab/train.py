@@ -10,6 +10,7 @@ precisions), fit the post-hoc Laplace (``training.posthoc``), the ensemble's oth
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -29,20 +30,29 @@ from laplace_lab.config.schema import RunConfig
 from laplace_lab.config.targets import guard_hydra_callbacks
 from laplace_lab.config.validation import validate_config
 from laplace_lab.data.base import LabDataModule
+from laplace_lab.evaluation.labels import run_label
+from laplace_lab.evaluation.summary import laplace_summary
+from laplace_lab.io import quiet_logs
 from laplace_lab.io.atomic import write_text_atomic
+from laplace_lab.io.eta import PhaseLog, attached_to_terminal
 from laplace_lab.reporting.run_loggers import build_loggers, finish_loggers
 from laplace_lab.sweeps.devices import check_accelerator
 from laplace_lab.sweeps.jobs import is_multirun, job_checkpoint_dir, record_devices, run_tracked
 from laplace_lab.sweeps.signals import exit_on_interrupt
 from laplace_lab.training import ensemble, loop_choice
-from laplace_lab.training.fit import train_map
+from laplace_lab.training.fit import train_map, training_plan
 from laplace_lab.training.map_grid import train_map_grid
 from laplace_lab.training.module import MAPCore
 from laplace_lab.training.posthoc import fit_posthoc_laplace
-from laplace_lab.training.predictors import laplace_predictor, map_predictor
+from laplace_lab.training.predictors import (
+    het_approx_alternatives,
+    laplace_predictor,
+    map_predictor,
+)
 from laplace_lab.training.underfit import train_target_std, warn_if_underfit
 
 log = logging.getLogger(__name__)
+quiet_logs.install()  # third-party tips and known-harmless warnings, before Hydra composes the config
 guard_hydra_callbacks()  # hydra.callbacks.* targets are checked against the allowlist before Hydra builds them
 
 
@@ -63,6 +73,8 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     if job.ensemble.enabled and job.ensemble.member is not None:  # train one member into the MAP cache
         return ensemble.run_member_job(job, output_dir, train_map)
     loggers = build_loggers(job, output_dir, plain=loop == "plain")
+    phases = PhaseLog(output_dir)
+    phases.start("MAP training", training_plan(job, loop))
     train = train_map_grid if job.map_grid else train_map
     datamodule, module, trainer, metrics = train(job, output_dir, loggers, loop)
     # the loops' teardown moved it to the CPU: fit the Laplace where it trained
@@ -72,17 +84,23 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
         metrics["hparams/sigma_noise"] = module.sigma_noise.item()
     la = None
     if job.needs_posthoc_laplace:
+        c = job.curvature
+        phases.start("Laplace fit", f"{c.subset_of_weights} {c.hessian_structure} {c.type}, one pass over the "
+                     f"{datamodule.n_train} training rows, then the prior by {job.marglik.posthoc_prior}")
         la, la_metrics = fit_posthoc_laplace(job, module, datamodule)
         metrics.update(la_metrics)
     extra_predictors = None
     if job.ensemble.enabled:  # members 1..K-1 and the mixtures (member 0 is the network above)
+        phases.start("Ensemble members", f"{job.ensemble.size - 1} more networks, each trained like the first")
         extra_predictors, ensemble_metrics = ensemble.fit_members(job, output_dir, module, la, train_map)
         metrics.update(ensemble_metrics)
     for logger in loggers:
         logger.log_metrics(metrics, step=trainer.global_step)
     if job.evaluation.enabled:
+        phases.start("Evaluation", "an estimate of its time follows the test-set pass")
         start = time.perf_counter()
-        metrics.update(evaluate(job, module, datamodule, la, loggers, output_dir, trainer.global_step, extra_predictors))
+        metrics.update(evaluate(job, module, datamodule, la, loggers, output_dir, trainer.global_step,
+                                extra_predictors, on_eta=phases.eta))
         log.info("Evaluation: %d metrics, %.1f s", len(metrics), time.perf_counter() - start)
         if module.likelihood != "classification":
             warn_if_underfit(metrics, train_target_std(datamodule))
@@ -90,6 +108,10 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     write_text_atomic(output_dir / "metrics.json", json.dumps(metrics, indent=2))
     headline = {k: v for k, v in metrics.items() if k.startswith(("test/", "time/", "hparams/", "laplace/"))}
     print("Final metrics:\n" + "\n".join(f"  {k}: {v:.4f}" for k, v in headline.items()))
+    summary = laplace_summary(metrics, job.raw, module.likelihood, job.evaluation.ood.far_away_alpha)
+    if summary:  # what the Laplace predictive changed against the MAP
+        print(summary)
+    phases.finish()
     check_final_metrics(metrics, output_dir / "metrics.json")
     return metrics
 
@@ -117,13 +139,15 @@ def set_cpu_modes(job: RunConfig) -> None:
 
 
 def evaluate(job: RunConfig, module: MAPCore, datamodule: LabDataModule, la, loggers, output_dir: Path,
-             step: int, extra_predictors: dict | None = None) -> dict[str, float]:
+             step: int, extra_predictors: dict | None = None, on_eta=None) -> dict[str, float]:
     """MAP and (if fitted) Laplace predictives side by side, through ``laplace_lab.evaluation``;
     ``extra_predictors`` (e.g. the ensemble's ``de`` / ``mola``) are evaluated beside them. FGSM
-    attacks ``module.model`` (for an ensemble: member 0)."""
+    attacks ``module.model`` (for an ensemble: member 0). Progress bars only on a terminal;
+    ``on_eta(seconds)`` receives the evaluation's estimate of its remaining time."""
     predictors = {"map": map_predictor(module)}
     if la is not None:
         predictors["la"] = laplace_predictor(la, job.predictive)
+        predictors.update(het_approx_alternatives(la, job.predictive))
     predictors.update(extra_predictors or {})
     task = "classification" if module.likelihood == "classification" else "regression"
     is_toy2d = task == "classification" and tuple(datamodule.input_shape) == (2,)
@@ -135,14 +159,18 @@ def evaluate(job: RunConfig, module: MAPCore, datamodule: LabDataModule, la, log
     landscape = None  # the loss landscape around the MAP beside la's Gaussian (evaluation.landscape)
     if la is not None and job.evaluation.landscape.enabled:
         landscape = LandscapeInputs(la, datamodule.train_set, datamodule.test_set)
+    eval_cfg = job.evaluation
+    if eval_cfg.progress and not attached_to_terminal():  # one line per section instead
+        eval_cfg = dataclasses.replace(eval_cfg, progress=False)
     return run_evaluation(
-        job.evaluation, task, predictors, datamodule.test_dataloader(), ood_loaders=datamodule.ood_dataloaders(),
+        eval_cfg, task, predictors, datamodule.test_dataloader(), ood_loaders=datamodule.ood_dataloaders(),
         attack_model=module.model, out_dir=output_dir, logger=loggers,
         target_mean=datamodule.target_mean if datamodule.target_mean is not None else 0.0,
         target_std=datamodule.target_std if datamodule.target_std is not None else 1.0,
         dataset=getattr(datamodule, "name", None), data_dir=job.paths.data_dir,
         input_range=datamodule.input_range, toy_data=datamodule.train_set.tensors if is_toy2d else None,
-        step=step, landscape=landscape,
+        step=step, landscape=landscape, on_eta=on_eta,
+        label=run_label(job.raw, module.likelihood, job.needs_posthoc_laplace),
     )
 
 
@@ -158,7 +186,6 @@ def check_final_metrics(metrics: dict[str, float], path: Path) -> None:
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> float:
     """One run; in a multirun, skips finished jobs and records failures (``laplace_lab.sweeps``).
-    SIGTERM / SIGINT mark the job failed and exit 128 + the signal number (``sweeps.signals``).
     SIGTERM / SIGINT mark the job failed and exit 128 + the signal number (``sweeps.signals``).
 
     Returns the sweep objective (``val/nll``), which the Optuna sweeper minimises.

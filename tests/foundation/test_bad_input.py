@@ -238,3 +238,15 @@ def test_empty_validation_split_passes_the_data_checks():
 
     dm = SinusoidDataModule(n_val=0)
     assert dm.n_train > 0
+
+
+def test_uci_dtype_float64_and_bad_dtype(uci_copy):
+    import torch
+
+    from laplace_lab.data import UCIDataModule
+
+    dm = UCIDataModule(name="yacht", split=0, data_dir=str(uci_copy), dtype="float64")
+    assert dm.train_set.tensors[0].dtype == torch.float64 and dm.test_set.tensors[1].dtype == torch.float64
+    assert dm.target_std.dtype == torch.float64
+    with pytest.raises(ValueError, match=r"data.dtype='float16' is not supported; allowed: \['float32', 'float64'\]"):
+        UCIDataModule(name="yacht", split=0, data_dir=str(uci_copy), dtype="float16")

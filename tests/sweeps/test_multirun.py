@@ -13,7 +13,13 @@ from omegaconf import OmegaConf
 
 from laplace_lab.sweeps.resolvers import job_subdir
 from laplace_lab.sweeps.run_only import is_run_only
-from laplace_lab.sweeps.status import config_fingerprint, is_finished, read_status
+from laplace_lab.sweeps.status import (
+    config_fingerprint,
+    earlier_fingerprint,
+    is_finished,
+    read_status,
+    unchanged_config,
+)
 from tests.conftest import compose_config
 from tests.sweeps.helpers import TINY, multirun, require_plugin, summary
 
@@ -189,3 +195,20 @@ def test_a_switched_off_feature_stays_out_of_the_config_hash():
     assert config_fingerprint(on) != config_fingerprint(base)
     assert config_fingerprint(compose_config(["seed=0", "evaluation.landscape.enabled=true",
                                               "evaluation.landscape.grid_points=5"])) != config_fingerprint(on)
+
+
+def test_a_job_hashed_before_switched_off_nodes_left_the_hash_is_unchanged():
+    """A finished job's ``config_hash`` written while switched-off nodes were still hashed (the
+    landscape node with ``enabled: false``) counts as unchanged, so a relaunch skips it; another config's
+    hash in either form does not."""
+    cfg = compose_config(["seed=0"])
+    earlier = earlier_fingerprint(cfg)
+    assert earlier != config_fingerprint(cfg)  # the landscape node, off, is hashed in the earlier form only
+    assert unchanged_config(earlier, cfg) and unchanged_config(config_fingerprint(cfg), cfg)
+    other = compose_config(["seed=1"])
+    assert not unchanged_config(earlier_fingerprint(other), cfg) and not unchanged_config(config_fingerprint(other), cfg)
+    assert not unchanged_config("0" * 16, cfg)
+    before = OmegaConf.to_container(cfg, resolve=True)  # a job from before het_head and het_approx existed
+    del before["het_head"], before["predictive"]["het_approx"]
+    assert config_fingerprint(before) == config_fingerprint(cfg)
+    assert config_fingerprint(compose_config(["seed=0", "predictive.het_approx=natural"])) != config_fingerprint(cfg)

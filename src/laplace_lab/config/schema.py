@@ -22,7 +22,9 @@ from typing import Any
 from laplace_lab.config.fields import REQUIRED, group, option
 from laplace_lab.evaluation.config import EvalConfig
 from laplace_lab.laplace.options import Likelihood, LinkApprox, PredType
+from laplace_lab.laplace.predictive import HET_APPROXES
 from laplace_lab.models.augmentation import TRANSFORMS
+from laplace_lab.models.het_head import HET_HEADS
 
 ONLINE, POSTHOC, OFF = ("online",), ("posthoc",), ("off",)
 
@@ -166,11 +168,13 @@ class MarglikConfig:
 @dataclass(frozen=True)
 class PredictiveConfig:
     """``predictive/``: the Laplace predictive evaluated beside the MAP plug-in: ``pred_type`` map |
-    glm | nn; ``link_approx`` probit | mc | bridge (classification); ``n_samples`` for mc / nn."""
+    glm | nn; ``link_approx`` probit | mc | bridge (classification); ``n_samples`` for mc / nn;
+    ``het_approx`` mean | natural: the heteroscedastic glm closed form (``laplace.predictive``)."""
 
     pred_type: str = option(REQUIRED, "str", choices=PredType.values())
     link_approx: str = option(REQUIRED, "str", choices=LinkApprox.values())
     n_samples: int = option(100, "int", low=1)
+    het_approx: str = option("mean", "str", choices=HET_APPROXES)
 
 
 NONE, FIXED, LEARNED = ("none",), ("fixed",), ("learned",)
@@ -290,6 +294,9 @@ class RootOptions:
     flush_denormal: bool = option(True, "bool")
     # classification | regression | heteroscedastic_regression | auto (from the data module's task)
     likelihood: str = option("auto", "str", choices=("auto", *Likelihood.values()))
+    # heteroscedastic_regression: the noise-precision link, softplus (eta2 = -softplus(raw)) | half_softplus
+    # (eta2 = -0.5 (softplus(raw) + 1e-8), the heteroscedastic-nn authors' NaturalHead; models.het_head)
+    het_head: str = option("softplus", "str", choices=HET_HEADS)
     sigma_noise: float = option(1.0, "float", low=0, low_open=True)  # initial regression noise std
     temperature: float = option(1.0, "float", low=0, low_open=True)  # loss = NLL / T + prior / N
     # false: train the MAP network on the NLL alone (no prior term in the loss); prior.prior_precision

@@ -37,8 +37,10 @@ PROJECT_TARGETS = frozenset({
     "laplace_lab.training.callbacks.online_marglik",
     "laplace_lab.training.callbacks.augmentation_marglik",
     "laplace_lab.training.callbacks.checkpoints",
+    "laplace_lab.training.callbacks.epoch_eta",
     "laplace_lab.sweeps.callback.SweepSummary",
     "laplace_lab.reporting.sweep_table.SweepTable",
+    "laplace_lab.sweeps.sweep_eta.SweepETA",
 })
 LIBRARY_TARGETS = frozenset({
     "torch.optim.Adam", "torch.optim.AdamW", "torch.optim.SGD", "torch.optim.RMSprop",

@@ -67,6 +67,9 @@ def check_root(run: RunConfig) -> None:
         "weight decay: set prior_precision (delta = weight_decay * N) instead.",
     )
     check_loss_scale(run.map_loss_scale, run.likelihood)
+    _require(run.het_head == "softplus" or run.likelihood == "heteroscedastic_regression",
+             f"het_head={run.het_head!r} is a head of likelihood=heteroscedastic_regression; "
+             f"got likelihood={run.likelihood!r}")
     grid = run.map_grid
     _require(
         grid is None or (len(grid) > 0 and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
@@ -120,6 +123,7 @@ def check_laplace(run: RunConfig) -> None:
               "curvature": "curvature.type", "prior_structure": "prior.structure"}
         | {k: f"curvature.{k}" for k in declared}).validate()
     check_nn_link(run.predictive.pred_type, run.predictive.link_approx, key=lambda name: f"predictive.{name}")
+    check_het_approx(run)
     if marglik.online:
         _require(marglik.log_min < marglik.log_max, "marglik.log_min must be < marglik.log_max")
         _require(
@@ -135,6 +139,19 @@ def check_laplace(run: RunConfig) -> None:
         not (marglik.posthoc_prior == "gridsearch" and run.predictive.pred_type == "map"),
         "marglik.posthoc_prior='gridsearch' needs a Laplace predictive; allowed predictive.pred_type: ['glm', 'nn']",
     )
+
+
+def check_het_approx(run: RunConfig) -> None:
+    """``predictive.het_approx`` other than ``mean``: a closed form of the heteroscedastic glm predictive."""
+    p = run.predictive
+    if p.het_approx == "mean":
+        return
+    _require(run.likelihood in ("auto", "heteroscedastic_regression"),
+             f"predictive.het_approx={p.het_approx!r} needs likelihood=heteroscedastic_regression; "
+             f"got likelihood={run.likelihood!r}")
+    _require(p.pred_type == "glm" and p.link_approx == "probit",
+             f"predictive.het_approx={p.het_approx!r} is a closed form of the glm predictive: it needs "
+             f"predictive.pred_type=glm and predictive.link_approx=probit; got {p.pred_type!r}, {p.link_approx!r}")
 
 
 def check_evidence_point(run: RunConfig) -> None:

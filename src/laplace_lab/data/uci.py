@@ -25,6 +25,7 @@ UCI_DATASETS = (
     "boston-housing", "concrete", "energy", "kin8nm",
     "naval-propulsion-plant", "power-plant", "wine-quality-red", "yacht",
 )
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
 UCI_FILES = ("data.txt", "index_features.txt", "index_target.txt", "n_splits.txt")
 
 
@@ -36,14 +37,18 @@ class UCIDataModule(LabDataModule):
         split: index of the standard split, ``0 <= split < n_splits`` (20 for all 8 sets).
         data_dir: root data directory (the set lives in ``<data_dir>/UCI/<name>``).
         val_fraction: fraction of the split's training rows held out for validation.
+        dtype: ``float32`` or ``float64``, the tensors' precision (the network follows it).
     """
 
     task = "regression"
     num_outputs = 1
 
     def __init__(self, name: str = "yacht", split: int = 0, data_dir: str = "data", val_fraction: float = 0.1,
-                 **kwargs):
+                 dtype: str = "float32", **kwargs):
         super().__init__(**kwargs)
+        if dtype not in DTYPES:
+            raise ValueError(f"data.dtype={dtype!r} is not supported; allowed: {list(DTYPES)}")
+        self.dtype = DTYPES[dtype]
         if name not in UCI_DATASETS:
             raise ValueError(f"data.name={name!r} is not a UCI set; allowed: {list(UCI_DATASETS)}")
         self.name, self.split = name, split
@@ -89,12 +94,12 @@ class UCIDataModule(LabDataModule):
         x_std[x_std == 0] = 1.0
         y_mean, y_std = y[train_idx].mean(0), y[train_idx].std(0)
         self.input_shape = (X.shape[1],)
-        self.target_mean = torch.as_tensor(y_mean, dtype=torch.float32)
-        self.target_std = torch.as_tensor(y_std, dtype=torch.float32)
+        self.target_mean = torch.as_tensor(y_mean, dtype=self.dtype)
+        self.target_std = torch.as_tensor(y_std, dtype=self.dtype)
 
         def tensors(idx: np.ndarray) -> TensorDataset:
-            Xs = torch.as_tensor((X[idx] - x_mean) / x_std, dtype=torch.float32)
-            ys = torch.as_tensor((y[idx] - y_mean) / y_std, dtype=torch.float32)
+            Xs = torch.as_tensor((X[idx] - x_mean) / x_std, dtype=self.dtype)
+            ys = torch.as_tensor((y[idx] - y_mean) / y_std, dtype=self.dtype)
             return TensorDataset(Xs, ys)
 
         self.train_set, self.val_set, self.test_set = tensors(train_idx), tensors(val_idx), tensors(test_idx)

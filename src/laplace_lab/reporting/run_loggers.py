@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from laplace_lab.config.schema import RunConfig
+from laplace_lab.io import quiet_logs
 from laplace_lab.reporting.csv_metrics import CSVMetricsLogger
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ def build_loggers(run: RunConfig, output_dir: Path, plain: bool = False) -> list
                 config=flatten_config(run.raw),
             )
         )
+        quiet_logs.drop_wandb_anonymous(loggers[-1])
     return loggers
 
 

@@ -13,19 +13,19 @@
 - ``superseded``: an earlier attempt's wandb runs moved out of the way of a rerun's.
 
 Importing the package registers the OmegaConf resolvers the Hydra configs use
-(``lab_job_subdir``, ``lab_gpus_per_job``); ``laplace_lab.train`` imports it.
+(``lab_job_subdir``, ``lab_gpus_per_job``) and the output filters of ``laplace_lab.io.quiet_logs``;
+``laplace_lab.train`` imports it.
 """
 
 from __future__ import annotations
 
-import warnings
-
+from laplace_lab.io import quiet_logs
 from laplace_lab.sweeps.resolvers import register_resolvers
 from laplace_lab.sweeps.status import STATUS_FILE, is_finished, read_status
 
 register_resolvers()
-# conf/hydra/launcher/{ray,submitit_*}.yaml deliberately share the plugins' schema names, so Hydra
-# validates them (a typo in hydra.launcher.* fails); its warning about that is noise for users.
-warnings.filterwarnings("ignore", message=r"\s*'hydra/(launcher|sweeper)/\w+' is validated against ConfigStore schema")
+# among them Hydra's warning that conf/hydra/launcher/{ray,submitit_*}.yaml share the plugins'
+# schema names (on purpose: so Hydra validates them, and a typo in hydra.launcher.* fails)
+quiet_logs.install()
 
 __all__ = ["STATUS_FILE", "is_finished", "read_status", "register_resolvers"]

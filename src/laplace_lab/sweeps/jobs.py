@@ -51,6 +51,7 @@ from laplace_lab.sweeps.status import (
     read_metrics,
     read_status,
     set_aside_unreadable,
+    unchanged_config,
     write_status,
 )
 from laplace_lab.sweeps.superseded import set_aside_earlier_runs
@@ -132,7 +133,7 @@ def _run_tracked(run_fn: RunFn, cfg: Any, output_dir: Path) -> float:
     fingerprint = config_fingerprint(cfg)
     finished = is_finished(output_dir)
     old_hash = (read_status(output_dir) or {}).get("config_hash", fingerprint)  # none: a marker from before hashes
-    if finished and old_hash != fingerprint:
+    if finished and not unchanged_config(old_hash, cfg):
         log.warning("Job #%s %s finished before with a different config (hash %s, now %s): running it again",
                     hc.job.num, name, old_hash, fingerprint)
         (output_dir / "metrics.json").unlink()

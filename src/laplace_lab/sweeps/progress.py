@@ -10,6 +10,11 @@ finished, its ``metrics.json`` does not parse), the epoch its newest ``last.ckpt
 time (a resumed job's includes the training seconds of its launches before the resume). A cut-off
 job with a checkpoint continues from that epoch when its launch command runs again with
 ``checkpoint.resume_from=last``; one without restarts from its first epoch.
+
+A running or cut-off job's line also gives its phase, epoch and estimated time left, as its
+``progress.json`` last recorded them (``sweeps.job_progress``). Single runs (``status.json``
+without a state) are named from their files: finished with ``metrics.json``, running while their
+process is alive.
 """
 
 from __future__ import annotations
@@ -51,6 +56,10 @@ def _alive(status: dict) -> bool:
 
 def job_state(job_dir: Path, status: dict) -> str:
     """``finished`` | ``failed`` | ``running`` (its process is alive here) | ``cut off``."""
+    if "state" not in status:  # a single run
+        from laplace_lab.sweeps.job_progress import single_run_state
+
+        return single_run_state(job_dir)
     if is_finished(job_dir):
         return "finished"
     if status.get("state") == "failed":
@@ -74,8 +83,13 @@ def max_epochs(job_dir: Path) -> int | None:
 
 
 def job_line(job_dir: Path, root: Path) -> tuple[str, str]:
-    """(state, the job's line); ``unreadable`` (with why) for a ``status.json`` that does not parse."""
+    """(state, the job's line); ``unreadable`` (with why) for a ``status.json`` that does not parse
+    or is missing (but for a single run still training: it has a ``progress.json``)."""
     status, why = read_json_file(job_dir / STATUS_FILE)
+    from laplace_lab.sweeps.job_progress import PROGRESS_FILE
+
+    if why and not (job_dir / STATUS_FILE).exists() and (job_dir / PROGRESS_FILE).is_file():
+        status, why = {}, ""  # a single run writes its status.json only once trained
     if why:
         return "unreadable", f"{'unreadable':9s} {job_dir.relative_to(root)}  ({why}; a relaunch moves it aside and runs the job)"
     metrics, why = read_json_file(job_dir / "metrics.json")
@@ -85,10 +99,14 @@ def job_line(job_dir: Path, root: Path) -> tuple[str, str]:
     total = max_epochs(job_dir)
     epochs = saved_epochs(job_dir) if state != "finished" else {}
     saved = ", ".join(f"{'' if k == '.' else k + ' '}{v}/{total or '?'}" for k, v in epochs.items())
+    # the phase, epoch and ETA of progress.json
+    from laplace_lab.sweeps.job_progress import progress_text
+
+    now = progress_text(job_dir, state) if state in ("running", "cut off") else ""
     wall = ""
     if state == "finished" and status.get("wall_s") is not None:  # with the launches before a resume
         wall = f"{job_seconds(status, metrics)[0]:.0f} s"
-    detail = "; ".join(x for x in (f"epochs saved: {saved}" if saved else "", wall) if x)
+    detail = "; ".join(x for x in (now, f"epochs saved: {saved}" if saved else "", wall) if x)
     return state, f"{state:9s} {job_dir.relative_to(root)}" + (f"  ({detail})" if detail else "")
 
 
@@ -101,8 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"not a folder: {', '.join(missing)}")
     counts: dict[str, int] = {}
     for root in args.folders:
-        for status_file in sorted(root.glob(f"**/{STATUS_FILE}")):
-            state, line = job_line(status_file.parent, root)
+        # the folders of status.json files, and of single runs before their status.json
+        from laplace_lab.sweeps.job_progress import job_dirs
+
+        for job_dir in job_dirs(root, STATUS_FILE):
+            state, line = job_line(job_dir, root)
             counts[state] = counts.get(state, 0) + 1
             print(line)
     print(", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no jobs found")

@@ -9,6 +9,7 @@ from its ``config_resolved.yaml``.
 
 from __future__ import annotations
 
+import torch
 from hydra.utils import get_class
 
 from laplace_lab.config.instantiate import instantiate
@@ -38,6 +39,13 @@ def build(run: RunConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPCo
     likelihood = resolve_likelihood(run.likelihood, datamodule)
     n_out = datamodule.num_outputs * (2 if likelihood == "heteroscedastic_regression" else 1)
     model = instantiate(run.model)(input_shape=datamodule.input_shape, num_outputs=n_out)
+    if likelihood == "heteroscedastic_regression":  # het_head: the link of the noise precision
+        from laplace_lab.models.het_head import with_het_head
+
+        model = with_het_head(model, run.het_head)
+    dtype = getattr(datamodule, "dtype", torch.float32)
+    if dtype != torch.float32:  # data.dtype=float64: the network computes in the data's precision
+        model = model.to(dtype)
     if run.augmentation.wraps_model:  # augmentation/: logits averaged over transforms (imports Lightning)
         from laplace_lab.training.augmentation import wrap_model
 

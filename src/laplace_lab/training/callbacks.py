@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from laplace_lab.config.schema import RunConfig
+from laplace_lab.training.epoch_eta import EpochETA
 from laplace_lab.training.online_marglik import OnlineMarglikCore
 from laplace_lab.training.resume import checkpoint_dir
 
@@ -61,3 +62,19 @@ def checkpoints(run: RunConfig, output_dir: Path, loop: str) -> list:
             dirpath=dirpath, every_n_epochs=every, save_top_k=1, monitor=ck.monitor, mode=ck.mode,
             filename="best-epoch{epoch}", auto_insert_metric_name=False))
     return callbacks
+
+
+def epoch_eta(run: RunConfig, output_dir: Path, loop: str) -> list:
+    """The remaining training time after every epoch (``training.epoch_eta``), in the log and the
+    run's ``progress.json``; a ``map_grid`` point, its refit or an ensemble member is named by its
+    subfolder."""
+    from laplace_lab.training.map_grid import REFIT_NAME
+
+    name = output_dir.name
+    label = f"MAP training ({name})" if name.startswith(("grid_", "member_", REFIT_NAME)) else "MAP training"
+    cls = EpochETA
+    if loop == "lightning":
+        from laplace_lab.training.lightning_classes import lightning_twin
+
+        cls = lightning_twin(cls)
+    return [cls(output_dir, label)]

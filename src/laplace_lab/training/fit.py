@@ -15,6 +15,7 @@ from pathlib import Path
 from laplace_lab.config.instantiate import call_target
 from laplace_lab.config.schema import RunConfig
 from laplace_lab.data.base import LabDataModule
+from laplace_lab.io.eta import attached_to_terminal
 from laplace_lab.training import loop_choice, map_cache
 from laplace_lab.training.build import build
 from laplace_lab.training.module import MAPCore
@@ -31,16 +32,26 @@ def build_callbacks(run: RunConfig, output_dir: Path, loop: str = "lightning") -
 
 
 def make_trainer(run: RunConfig, output_dir: Path, loggers, callbacks, loop: str):
-    """Lightning's ``Trainer`` (``trainer.*`` but ``loop``) or the plain loop's ``PlainTrainer``."""
+    """Lightning's ``Trainer`` (``trainer.*`` but ``loop``) or the plain loop's ``PlainTrainer``;
+    progress bars only on a terminal (epoch lines, ``training.epoch_eta``, otherwise)."""
     t = run.trainer
+    progress_bar = t.enable_progress_bar and attached_to_terminal()
     if loop == "plain":
         return PlainTrainer(t.max_epochs, resolve_device(t.accelerator), loggers, callbacks,
-                            log_every_n_steps=t.log_every_n_steps, enable_progress_bar=t.enable_progress_bar,
+                            log_every_n_steps=t.log_every_n_steps, enable_progress_bar=progress_bar,
                             check_val_every_n_epoch=t.extra.get("check_val_every_n_epoch", 1))
     import pytorch_lightning as pl
 
-    return pl.Trainer(**loop_choice.trainer_kwargs(run), logger=loggers, default_root_dir=str(output_dir),
+    kwargs = {**loop_choice.trainer_kwargs(run), "enable_progress_bar": progress_bar}
+    return pl.Trainer(**kwargs, logger=loggers, default_root_dir=str(output_dir),
                       callbacks=callbacks, enable_checkpointing=run.checkpoint.enabled)
+
+
+def training_plan(run: RunConfig, loop: str) -> str:
+    """What the MAP training phase will run, for its start line."""
+    grid = f"{len(run.map_grid)} trainings (map_grid){' and a refit' if run.map_grid_refit else ''} of " \
+        if run.map_grid else ""
+    return f"{grid}{run.trainer.max_epochs} epochs, {loop} loop; the remaining time is logged after the first epoch"
 
 
 def train_map(run: RunConfig, output_dir: Path, loggers, loop: str | None = None
