@@ -82,3 +82,49 @@ def test_backend_keyword_parsing():
         Laplace(model, "classification", subset_of_weights="all", hessian_structure="lowrank", backend="chain")
     assert Laplace(model, "classification", subset_of_weights="all", hessian_structure="lowrank",
                    backend="lanczos").backend == "lanczos"
+
+
+class _ResidualCNN(nn.Module):
+    """Conv + residual + Linear head: the capture backend, both KFAC module kinds, two calls of one conv."""
+
+    def __init__(self, d_out=3):
+        super().__init__()
+        self.conv, self.conv2 = nn.Conv2d(1, 3, 3, padding=1), nn.Conv2d(3, 3, 3, padding=1)
+        self.head = nn.Linear(3 * 8 * 8, d_out)
+
+    def forward(self, x):
+        h = torch.tanh(self.conv(x))
+        h = h + torch.tanh(self.conv2(h))
+        h = h + torch.tanh(self.conv2(h))  # a second call of the same module
+        return self.head(h.flatten(1))
+
+
+@pytest.mark.parametrize("structure,options", [("kron", {"kfac_approx": "expand"}), ("kron", {"kfac_approx": "reduce"}),
+                                               ("kron", {"kfac_approx": "backpack"}), ("diag", None), ("full", None)])
+@pytest.mark.parametrize("curvature", ["ggn", "mc_fisher"])
+def test_factor_chunks_equal_one_backward(monkeypatch, structure, options, curvature):
+    """The capture backend streams a batch's output factors in chunks when they exceed its budget
+    (``FactorChunks``): curvature, loss and marglik as with one backward of all factors."""
+    import laplace_lab.laplace.backends.capture as capture_backend
+    from laplace_lab.laplace import capture
+
+    torch.manual_seed(0)
+    model = _ResidualCNN(d_out=4).double()
+    X, y = torch.randn(10, 1, 8, 8, dtype=torch.float64), torch.randint(0, 4, (10,))
+    kw = dict(hessian_structure=structure, curvature=curvature, structure_options=options, n_mc_samples=3)
+    ref = _fit(model, X, y, "capture", **kw)
+    seen = []
+    chunks = capture.Capture.factor_chunks
+
+    def spy(self, f, V, chunk):
+        seen.append((V.shape[0], chunk))
+        yield from chunks(self, f, V, chunk)
+
+    monkeypatch.setattr(capture.Capture, "factor_chunks", spy)
+    monkeypatch.setattr(capture_backend, "FACTOR_BUDGET", 2 * 4 * 3 * 64 * 3)  # two factors' worth of 4 inputs
+    la = _fit(model, X, y, "capture", **kw)
+    assert seen and all(chunk == 2 and K > chunk for K, chunk in seen)
+    torch.testing.assert_close(_dense(la), _dense(ref), rtol=1e-12, atol=1e-13)
+    torch.testing.assert_close(la.loss, ref.loss, rtol=1e-14, atol=0)
+    torch.testing.assert_close(la.log_marginal_likelihood(), ref.log_marginal_likelihood(), rtol=1e-12, atol=0)
+    assert la.n_data == ref.n_data == 10

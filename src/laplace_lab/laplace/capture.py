@@ -117,6 +117,18 @@ class Call:
         self._grad, self._grads, self.pooled, self.s2d = None, list(value), None, None
 
 
+class FactorChunks:
+    """A batch's records delivered in chunks of the ``K`` output factors (``Capture.factor_chunks``):
+    iterate once; every item is the list of records with one chunk's gradients. A structure with
+    ``factor_chunks`` accumulates them one after the other (``accumulate(records, inputs=first)``)."""
+
+    def __init__(self, chunks):
+        self.chunks = chunks
+
+    def __iter__(self):
+        return iter(self.chunks)
+
+
 @dataclass
 class Record:
     module: nn.Module
@@ -187,6 +199,19 @@ class Capture:
     def modified_inplace(self) -> bool:
         """True if an unprotected recorded output was written in place after its module returned."""
         return any(c.version >= 0 and c.output._version != c.version for r in self.records for c in r.calls)
+
+    def factor_chunks(self, f: torch.Tensor, V: torch.Tensor, chunk: int):
+        """``backward`` in chunks of at most ``chunk`` factors: yields ``self.records`` once per chunk,
+        their calls holding that chunk's output gradients only (the previous chunk's are dropped
+        before the next backward), so at most ``chunk`` factors' gradients of every module output
+        are alive at once. The graph is kept until the last chunk."""
+        K = V.shape[0]
+        for start in range(0, K, chunk):
+            for r in self.records:
+                for c in r.calls:
+                    c.grad = None
+            self.backward(f, V[start:start + chunk], retain_graph=start + chunk < K)
+            yield self.records
 
     def backward(self, f: torch.Tensor, V: torch.Tensor, retain_graph: bool = False) -> None:
         """Fill ``call.grad`` / ``call.grads`` for every recorded call; ``V``: [K, *f.shape]."""

@@ -38,6 +38,10 @@ class Structure:
     self_fitting = False  # True: ``fit(la, data) -> (loss, n_data, n_outputs)`` replaces the batch loop
     any_block_order = False  # True: ``accumulate`` does not rely on records arriving in subset order
     supports_fused = False  # True: ``fused.FusedCurvature`` can fill it from the training step's backward
+    # True: ``accumulate(records, inputs=...)`` is additive over a partition of the K output factors,
+    # with ``inputs=False`` skipping what depends on the inputs alone (the capture backend then streams
+    # the factors of a large batch in chunks, ``capture.FactorChunks``)
+    factor_chunks = False
 
     @classmethod
     def check_options(cls, options: dict, key=str) -> None:
@@ -56,7 +60,9 @@ class Structure:
         raise NotImplementedError
 
     def accumulate(self, records: list[Record]) -> None:
-        """Add one batch; ``records[i]`` holds the calls of ``entries[i].module`` with grads."""
+        """Add one batch; ``records[i]`` holds the calls of ``entries[i].module`` with grads. A structure
+        with ``factor_chunks`` takes ``inputs: bool = True`` too (``False``: a further chunk of the
+        same batch's factors; statistics of the inputs alone were counted with the first)."""
         raise NotImplementedError
 
     def fit(self, la, data) -> tuple[torch.Tensor, int, int]:

@@ -12,12 +12,13 @@ from laplace_lab.laplace.structures.base import Structure, register
 @register
 class DiagStructure(Structure):
     supports_fused = True
+    factor_chunks = True
     name = "diag"
 
     def reset(self):
         self.h = torch.zeros(self.n_params, device=self.device, dtype=self.dtype)
 
-    def accumulate(self, records):
+    def accumulate(self, records, inputs: bool = True):  # additive over factor chunks (factor_chunks)
         parts = []
         for e, r in zip(self.entries, records):
             if not r.calls:
