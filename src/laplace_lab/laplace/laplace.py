@@ -30,6 +30,7 @@ from laplace_lab.laplace.options import (
     TuningMethod,
     check_choice,
 )
+from laplace_lab.laplace.precision import engine_numerics
 from laplace_lab.laplace.priors import (
     PRIOR_STRUCTURES,
     Prior,
@@ -394,6 +395,7 @@ class Laplace:
     _H_factor = H_factor  # the name used inside the engine
 
     # ---- fitting ----------------------------------------------------------------------------------
+    @engine_numerics
     def fit(self, train_loader: Iterable, override: bool = True, progress_bar: bool = False) -> None:
         """One pass over ``train_loader`` (yields ``(X, y)`` or a dict batch with ``dict_key_y`` holding the
         targets, the whole dict being the model input): ``fit_begin``, ``fit_batch``, ``fit_end``."""
@@ -446,6 +448,7 @@ class Laplace:
             self.model.train(self._was_training)
             raise
 
+    @engine_numerics
     def fit_batch(self, X, y) -> None:
         """Accumulate curvature and loss of one batch (one forward, one batched backward)."""
         if self._backend is None:
@@ -479,6 +482,7 @@ class Laplace:
             raise ValueError(f"regression targets y must have the shape of the model output; got y "
                              f"{tuple(y.shape)} for output {tuple(out.shape)} (reshape y, e.g. y[:, None])")
 
+    @engine_numerics
     def fit_end(self) -> None:
         """Finalise (e.g. KFAC eigendecompositions) and restore the model's train/eval mode."""
         self._structure.finalize()
@@ -582,6 +586,7 @@ class Laplace:
         self._check_fitted()
         return self._structure.posterior_variance(self._H_factor, self._structure_prior)
 
+    @engine_numerics
     def functional_variance(self, Js: torch.Tensor) -> torch.Tensor:
         """``J Sigma J^T``: Jacobians ``[N, C, P]`` -> ``[N, C, C]`` (for the GLM predictive)."""
         self._check_fitted()
@@ -612,6 +617,7 @@ class Laplace:
             self.model.train(was_training)
         return torch.cat([j.reshape(*j.shape[:2], -1) for j in jac], -1), f
 
+    @engine_numerics
     def functional_samples(self, x, pred_type: str = "glm", n_samples: int = 100, diagonal_output: bool = False,
                            generator: torch.Generator | None = None) -> torch.Tensor:
         """``[n_samples, B, C]`` draws of the network output ``f(x)`` under the posterior: "glm" from
@@ -627,6 +633,7 @@ class Laplace:
             return f + fvar.sqrt() * eps
         return predictive.mvn_samples(f, fvar, n_samples, gen)
 
+    @engine_numerics
     def predictive_samples(self, x, pred_type: str = "glm", n_samples: int = 100, diagonal_output: bool = False,
                            generator: torch.Generator | None = None) -> torch.Tensor:
         """``functional_samples`` with the inverse link applied: softmax probabilities ``[S, B, C]`` for
@@ -663,6 +670,7 @@ class Laplace:
             z = self._structure.sample(n_samples, self._H_factor, self._structure_prior, gen)
         return self.mean + z
 
+    @engine_numerics
     def __call__(self, x, pred_type: str = "glm", joint: bool = False, link_approx: str | None = "probit",
                  n_samples: int = 100, diagonal_output: bool = False, generator: torch.Generator | None = None,
                  fitting: bool = False, *, joint_outputs: bool = False, return_parts: bool = False,
