@@ -11,10 +11,11 @@ Parts (``--parts``, all by default):
   CIFAR-shaped images (batch 128): all weights and last layer; log marglik at prior precision 1.
 - ``lenet``: LeNet-5 (trained one epoch first), all-weights KFAC-GGN fit on the 60k MNIST training images.
 - ``predictive``: the GLM probit predictive ``la(X)`` (default arguments) on the 10k MNIST test images
-  with that fit: TF32 allowed (``torch.backends.cuda.matmul.allow_tf32`` and
-  ``torch.backends.cudnn.allow_tf32`` True) against TF32 off; the largest probability difference
-  between the two, to laplace-torch's predictive (called on batches of 64 images: its cost grows with
-  the square of the batch), and to a float64 fit's predictive.
+  with that fit, the TF32 switches on (``torch.backends.cuda.matmul.allow_tf32`` and
+  ``torch.backends.cudnn.allow_tf32``): with the engine's default (TF32 off inside, ``laplace.precision``)
+  and with ``precision.set_tf32(True)``; the largest probability difference between the two, to
+  laplace-torch's predictive (called on batches of 64 images: its cost grows with the square of the
+  batch), and to a float64 fit's predictive.
 - ``marglik``: one epoch of online marglik (Immer et al. 2021, Algorithm 1: Adam 1e-3, batch 128,
   all-weights KFAC, layerwise prior, F=1, K=100 hyper steps at rate 0.1) from a fresh LeNet-5 on the
   60k MNIST images: ours through the plain training loop (``training.plain_loop``) with the exact GGN
@@ -65,7 +66,7 @@ try:
 except ImportError:  # a bare checkout (e.g. a GPU machine without the package installed)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from laplace_lab.laplace import Laplace  # noqa: E402
+from laplace_lab.laplace import Laplace, precision  # noqa: E402
 from laplace_lab.models import LeNet, WideResNet  # noqa: E402
 
 PARTS = ("wrn", "lenet", "predictive", "marglik")
@@ -389,10 +390,16 @@ def part_predictive(runner, args, peers, data, keep):
         la.fit(DeviceBatches(X, y, 128))
         keep["ours"] = la
     probs = {}
-    for allowed, label in ((False, "ours, TF32 off"), (True, "ours, TF32 allowed")):
+    cases = ((False, "ours, engine default (TF32 off inside), TF32 switches on"),
+             (True, "ours, set_tf32(True), TF32 switches on"))
+    for allowed, label in cases:
         def fn(allowed=allowed):
-            with tf32(allowed), torch.no_grad():
-                return {"probs": la(Xt)}
+            precision.set_tf32(allowed)
+            try:
+                with tf32(True), torch.no_grad():
+                    return {"probs": la(Xt)}
+            finally:
+                precision.set_tf32(False)
 
         row = runner.row("predictive", work, label, fn)
         if "_tensors" in row:
