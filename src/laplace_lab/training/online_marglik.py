@@ -235,6 +235,8 @@ class OnlineMarglikCore:
             self.last_factors_epoch = trainer.current_epoch
         if self.log_prior is None:
             self.init_hyperparameters(module, la)
+        if la.device.type == "cuda":  # the fit's kernels finish before its time is read (one sync per phase)
+            torch.cuda.synchronize(la.device)
         fit_time = time.perf_counter() - start
         rejected_before = self.n_rejected
         marglik = self.hyper_steps(trainer, la)
