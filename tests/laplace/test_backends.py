@@ -99,31 +99,54 @@ class _ResidualCNN(nn.Module):
         return self.head(h.flatten(1))
 
 
+class _Branches(nn.Module):
+    """Two calls of one Linear, one of them on a learnt constant: that output does not depend on the
+    input, so a backward w.r.t. the input would miss its gradient (the batch is not streamed)."""
+
+    def __init__(self, d_out=4):
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 6), nn.Linear(6, d_out)
+        self.const = nn.Parameter(torch.randn(1, 64))
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x.flatten(1))) + 0.1 * self.a(self.const))
+
+
 @pytest.mark.parametrize("structure,options", [("kron", {"kfac_approx": "expand"}), ("kron", {"kfac_approx": "reduce"}),
                                                ("kron", {"kfac_approx": "backpack"}), ("diag", None), ("full", None)])
 @pytest.mark.parametrize("curvature", ["ggn", "mc_fisher"])
-def test_factor_chunks_equal_one_backward(monkeypatch, structure, options, curvature):
-    """The capture backend streams a batch's output factors in chunks when they exceed its budget
-    (``FactorChunks``): curvature, loss and marglik as with one backward of all factors."""
+@pytest.mark.parametrize("model_kind", ["residual_cnn", "branches"])
+def test_streamed_backward_equals_one_backward(monkeypatch, structure, options, curvature, model_kind):
+    """The capture backend streams a batch whose output gradients exceed its budget (one backward
+    per factor, gradients accumulated by tensor hooks in groups of at most ``STREAM_BUDGET``
+    elements): curvature, loss and marglik as with one backward of all factors. Structures without
+    ``factor_chunks`` (full), and models with an output that does not depend on the input, are not
+    streamed."""
     import laplace_lab.laplace.backends.capture as capture_backend
     from laplace_lab.laplace import capture
 
     torch.manual_seed(0)
-    model = _ResidualCNN(d_out=4).double()
+    model = (_ResidualCNN(d_out=4) if model_kind == "residual_cnn" else _Branches()).double()
     X, y = torch.randn(10, 1, 8, 8, dtype=torch.float64), torch.randint(0, 4, (10,))
     kw = dict(hessian_structure=structure, curvature=curvature, structure_options=options, n_mc_samples=3)
     ref = _fit(model, X, y, "capture", **kw)
-    seen = []
-    chunks = capture.Capture.factor_chunks
+    flushes = []
+    stream = capture.Capture.stream
 
-    def spy(self, f, V, chunk):
-        seen.append((V.shape[0], chunk))
-        yield from chunks(self, f, V, chunk)
+    def spy(self, f, V, source, accumulate, budget):
+        def counting(parts, first):
+            flushes.append(sum(len(r.calls) for r in parts))
+            accumulate(parts, first)
+        stream(self, f, V, source, counting, budget)
 
-    monkeypatch.setattr(capture.Capture, "factor_chunks", spy)
-    monkeypatch.setattr(capture_backend, "FACTOR_BUDGET", 2 * 4 * 3 * 64 * 3)  # two factors' worth of 4 inputs
+    monkeypatch.setattr(capture.Capture, "stream", spy)
+    monkeypatch.setattr(capture_backend, "FACTOR_BUDGET", 10)
+    monkeypatch.setattr(capture_backend, "STREAM_BUDGET", 3 * 64 * 4)  # one conv output of 4 inputs
     la = _fit(model, X, y, "capture", **kw)
-    assert seen and all(chunk == 2 and K > chunk for K, chunk in seen)
+    streamed = structure != "full" and model_kind == "residual_cnn"
+    assert bool(flushes) == streamed
+    if streamed:  # several groups per factor: 3 batches x 3 factors x (> 1 group)
+        assert len(flushes) > 9 and min(flushes) >= 1
     torch.testing.assert_close(_dense(la), _dense(ref), rtol=1e-12, atol=1e-13)
     torch.testing.assert_close(la.loss, ref.loss, rtol=1e-14, atol=0)
     torch.testing.assert_close(la.log_marginal_likelihood(), ref.log_marginal_likelihood(), rtol=1e-12, atol=0)

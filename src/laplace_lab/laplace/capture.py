@@ -117,16 +117,40 @@ class Call:
         self._grad, self._grads, self.pooled, self.s2d = None, list(value), None, None
 
 
-class FactorChunks:
-    """A batch's records delivered in chunks of the ``K`` output factors (``Capture.factor_chunks``):
-    iterate once; every item is the list of records with one chunk's gradients. A structure with
-    ``factor_chunks`` accumulates them one after the other (``accumulate(records, inputs=first)``)."""
+class Streamed:
+    """A batch whose curvature reaches the structure during the backward (``Capture.stream``): call
+    ``run(accumulate)`` once; it back-propagates and calls ``accumulate(records, first)`` with records
+    holding groups of calls with one factor's output gradients (``first``: the first factor, whose
+    groups also count the statistics of the inputs)."""
 
-    def __init__(self, chunks):
-        self.chunks = chunks
+    def __init__(self, run):
+        self.run = run
 
-    def __iter__(self):
-        return iter(self.chunks)
+
+def nodes_reaching(root, leaf: torch.Tensor) -> set:
+    """The autograd nodes below ``root`` (a ``grad_fn``) from which ``leaf`` (a tensor requiring grad)
+    is reached: a tensor whose ``grad_fn`` is in the set depends on ``leaf``."""
+    parents: dict = {}
+    target, seen, stack = None, {root}, [root]
+    while stack:
+        node = stack.pop()
+        for child, _ in node.next_functions:
+            if child is None:
+                continue
+            parents.setdefault(child, []).append(node)
+            if getattr(child, "variable", None) is leaf:
+                target = child
+            if child not in seen:
+                seen.add(child)
+                stack.append(child)
+    out: set = set()
+    stack = [target] if target is not None else []
+    while stack:
+        for parent in parents.get(stack.pop(), ()):
+            if parent not in out:
+                out.add(parent)
+                stack.append(parent)
+    return out
 
 
 @dataclass
@@ -200,18 +224,65 @@ class Capture:
         """True if an unprotected recorded output was written in place after its module returned."""
         return any(c.version >= 0 and c.output._version != c.version for r in self.records for c in r.calls)
 
-    def factor_chunks(self, f: torch.Tensor, V: torch.Tensor, chunk: int):
-        """``backward`` in chunks of at most ``chunk`` factors: yields ``self.records`` once per chunk,
-        their calls holding that chunk's output gradients only (the previous chunk's are dropped
-        before the next backward), so at most ``chunk`` factors' gradients of every module output
-        are alive at once. The graph is kept until the last chunk."""
+    def can_stream(self, f: torch.Tensor, source: torch.Tensor) -> bool:
+        """Whether ``stream`` sees every recorded output's gradient: each output that requires grad
+        depends on ``source`` (the backward w.r.t. ``source`` passes through it)."""
+        if f.grad_fn is None or not source.requires_grad:
+            return False
+        reaching = nodes_reaching(f.grad_fn, source)
+        return all(c.output is f or not c.output.requires_grad or c.output.grad_fn in reaching
+                   for r in self.records for c in r.calls)
+
+    def stream(self, f: torch.Tensor, V: torch.Tensor, source: torch.Tensor, accumulate, budget: int) -> None:
+        """Back-propagate the ``K`` factors one at a time (``V`` ``[K, *f.shape]``) w.r.t. ``source``
+        (a model input requiring grad, ``can_stream``), taking each recorded output's gradient as it
+        arrives (tensor hooks). A module's record is complete once all its calls' gradients of the
+        factor are in; whenever complete records hold ``budget`` elements, and after each factor,
+        ``accumulate(records, first)`` gets them (calls with ``grad`` ``[1, *output]``; the other
+        records empty) and their gradients are dropped. So about ``budget`` elements of output
+        gradients (plus the modules still waiting for a call's) are alive instead of ``K`` times the
+        activations. Outputs that do not require grad get zero gradients."""
         K = V.shape[0]
-        for start in range(0, K, chunk):
-            for r in self.records:
-                for c in r.calls:
+        held: dict[int, list] = {}  # record index -> its calls whose gradient has arrived
+        state = {"size": 0, "first": True}
+
+        def flush(final: bool) -> None:
+            done = [i for i, got in held.items() if final or len(got) == len(self.records[i].calls)]
+            if not done:
+                return
+            parts = [Record(r.module) for r in self.records]
+            for i in done:
+                parts[i].calls = self.records[i].calls
+            accumulate(parts, state["first"])
+            for i in done:
+                for c in held.pop(i):
+                    state["size"] -= c.grad.numel()
                     c.grad = None
-            self.backward(f, V[start:start + chunk], retain_graph=start + chunk < K)
-            yield self.records
+
+        def take(i, c, g) -> None:
+            c.grad = g
+            held.setdefault(i, []).append(c)
+            state["size"] += g.numel()
+            if state["size"] >= budget:
+                flush(final=False)
+
+        calls = [(i, c) for i, r in enumerate(self.records) for c in r.calls]
+        silent = [(i, c) for i, c in calls if c.output is not f and not c.output.requires_grad]
+        handles = [c.output.register_hook(lambda g, i=i, c=c: take(i, c, g.detach().unsqueeze(0)))
+                   for i, c in calls if c.output is not f and c.output.requires_grad]
+        try:
+            for k in range(K):
+                state["first"] = k == 0
+                for i, c in calls:
+                    if c.output is f:
+                        take(i, c, V[k:k + 1])
+                for i, c in silent:
+                    take(i, c, torch.zeros((1, *c.output.shape), dtype=V.dtype, device=V.device))
+                torch.autograd.grad(f, source, grad_outputs=V[k], retain_graph=k < K - 1)
+                flush(final=True)
+        finally:
+            for h in handles:
+                h.remove()
 
     def backward(self, f: torch.Tensor, V: torch.Tensor, retain_graph: bool = False) -> None:
         """Fill ``call.grad`` / ``call.grads`` for every recorded call; ``V``: [K, *f.shape]."""

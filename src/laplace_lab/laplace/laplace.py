@@ -18,7 +18,7 @@ from torch import nn
 
 from laplace_lab.laplace import backends, predictive
 from laplace_lab.laplace.backends import backend_names
-from laplace_lab.laplace.capture import FactorChunks
+from laplace_lab.laplace.capture import Streamed
 from laplace_lab.laplace.compat_matrix import Kron
 from laplace_lab.laplace.curvature import CURVATURES
 from laplace_lab.laplace.hyper import MarglikOptimizer
@@ -463,13 +463,12 @@ class Laplace:
     def add_batch(self, f: torch.Tensor, y: torch.Tensor, records=None) -> None:
         """Add one batch collected by a backend (or by ``fused.FusedCurvature``): outputs ``f`` ``[N, C]``
         and prepared targets ``y`` (the loss and counts), and, unless ``None``, the per-entry
-        ``records`` with output gradients (the structure's curvature), or ``capture.FactorChunks`` of
-        them (accumulated chunk by chunk)."""
+        ``records`` with output gradients (the structure's curvature), or a ``capture.Streamed`` batch
+        (accumulated group by group during its backward)."""
         with torch.no_grad():
             self.loss = self.loss + self._lik.nll(f.detach(), y).to(self._dtype)
-            if isinstance(records, FactorChunks):  # chunks of the output factors, inputs counted once
-                for i, chunk in enumerate(records):
-                    self._structure.accumulate(chunk, inputs=i == 0)
+            if isinstance(records, Streamed):  # accumulated during the backward, the inputs counted once
+                records.run(lambda part, first: self._structure.accumulate(part, inputs=first))
             elif records is not None:
                 self._structure.accumulate(records)
         self.n_data += f.shape[0]

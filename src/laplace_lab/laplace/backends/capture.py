@@ -3,12 +3,13 @@ factors gives the output gradients (``laplace.capture.Capture``). Any model; ``a
 
 Memory: the ``K`` factors' gradients of every recorded module output are ``K`` times the network's
 activations (WRN-16-4 on 32x32 images, ``K = 9``: 2.4 MB per image and factor, 680 MB for a batch of
-32 on top of the graph). When the structure accumulates factor by factor (``Structure.factor_chunks``:
-kron, diag, full) and the factors of a batch would exceed ``FACTOR_BUDGET`` elements, the batch's
-records come as ``capture.FactorChunks``: chunks of factors back-propagated and accumulated one after
-the other (the graph kept until the last), so at most ``FACTOR_BUDGET`` elements of output gradients
-(at least one factor's) are alive at once. Same work: on the CPU the ``K`` backward passes run one by
-one anyway; on CUDA each chunk is one batched (vmapped) backward.
+32 on top of the graph). When they would exceed ``FACTOR_BUDGET`` elements, the structure accumulates
+groups of calls (``Structure.factor_chunks``: kron, diag) and the model input is a float tensor on
+which every recorded output depends, the batch is streamed (``Capture.stream``, ``capture.Streamed``):
+one backward per factor w.r.t. the input, each output's gradient taken by a tensor hook as it
+arrives and accumulated once ``STREAM_BUDGET`` elements are held, so the output gradients alive at
+once stay below that (the forward graph is what remains, as in any backward). Same work, plus the
+input's gradient through the first layer; on the CPU the ``K`` backward passes ran one by one anyway.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from __future__ import annotations
 import torch
 
 from laplace_lab.laplace.backends.base import Backend, register
-from laplace_lab.laplace.capture import Capture, FactorChunks, has_inplace_modules
+from laplace_lab.laplace.capture import Capture, Streamed, has_inplace_modules
 from laplace_lab.laplace.curvature import output_factors
 
-FACTOR_BUDGET = 2**24  # output-gradient elements alive at once (64 MiB in float32), at least one factor's
+FACTOR_BUDGET = 2**24  # output-gradient elements of a batch (64 MiB in float32) above which it is streamed
+STREAM_BUDGET = 2**22  # output-gradient elements held while streaming (16 MiB in float32)
 
 
 @register
@@ -34,6 +36,9 @@ class CaptureBackend(Backend):
 
     def batch(self, X, y):
         la, modules, last_layer = self.la, self.modules, self.last_layer
+        source = None  # the input as a leaf requiring grad: the streamed backward's target
+        if not last_layer and la.structure.factor_chunks and isinstance(X, torch.Tensor) and X.is_floating_point():
+            X = source = X.detach().requires_grad_(True)
         with Capture(modules, protect_inplace=self.protect) as cap:
             with torch.no_grad() if last_layer else torch.enable_grad():
                 out = la.model(X)
@@ -49,9 +54,8 @@ class CaptureBackend(Backend):
         f, yy = la.lik.prepare(out, y)
         V = output_factors(la.lik, la.curvature, f, yy, la.n_mc_samples, la.generator)
         V = V.reshape(V.shape[0], *out.shape)
-        per_factor = sum(c.output.numel() for r in cap.records for c in r.calls if c.output is not out)
-        chunk = max(1, FACTOR_BUDGET // max(per_factor, 1))
-        if chunk < V.shape[0] and la.structure.factor_chunks:
-            return f.detach(), yy, FactorChunks(cap.factor_chunks(out, V, chunk))
+        grads = V.shape[0] * sum(c.output.numel() for r in cap.records for c in r.calls if c.output is not out)
+        if source is not None and grads > FACTOR_BUDGET and cap.can_stream(out, source):
+            return f.detach(), yy, Streamed(lambda accumulate: cap.stream(out, V, source, accumulate, STREAM_BUDGET))
         cap.backward(out, V)
         return f.detach(), yy, cap.records

@@ -38,9 +38,10 @@ class Structure:
     self_fitting = False  # True: ``fit(la, data) -> (loss, n_data, n_outputs)`` replaces the batch loop
     any_block_order = False  # True: ``accumulate`` does not rely on records arriving in subset order
     supports_fused = False  # True: ``fused.FusedCurvature`` can fill it from the training step's backward
-    # True: ``accumulate(records, inputs=...)`` is additive over a partition of the K output factors,
+    # True: ``accumulate(records, inputs=...)`` is additive over the K output factors and over groups of
+    # calls (records holding some calls, the others empty), at a cost proportional to the calls given,
     # with ``inputs=False`` skipping what depends on the inputs alone (the capture backend then streams
-    # the factors of a large batch in chunks, ``capture.FactorChunks``)
+    # a large batch, ``capture.Streamed``)
     factor_chunks = False
 
     @classmethod
@@ -61,8 +62,8 @@ class Structure:
 
     def accumulate(self, records: list[Record]) -> None:
         """Add one batch; ``records[i]`` holds the calls of ``entries[i].module`` with grads. A structure
-        with ``factor_chunks`` takes ``inputs: bool = True`` too (``False``: a further chunk of the
-        same batch's factors; statistics of the inputs alone were counted with the first)."""
+        with ``factor_chunks`` takes ``inputs: bool = True`` too (``False``: a further factor of the same
+        batch; statistics of the inputs alone were counted with the first)."""
         raise NotImplementedError
 
     def fit(self, la, data) -> tuple[torch.Tensor, int, int]:

@@ -47,7 +47,6 @@ def _linear_full_block(m: nn.Linear, names, a: torch.Tensor, g: torch.Tensor) ->
 @register
 class FullStructure(Structure):
     name = "full"
-    factor_chunks = True
     dense_cholesky = True
 
     def reset(self):
@@ -66,7 +65,7 @@ class FullStructure(Structure):
         """``[P, P]`` curvature in the model's dtype (accumulated in float64); ``None`` before fitting."""
         return None if self._H is None else self._H.to(self.dtype)
 
-    def accumulate(self, records, inputs: bool = True):  # additive over factor chunks (factor_chunks)
+    def accumulate(self, records):
         if len(self.entries) == 1 and isinstance(self.entries[0].module, nn.Linear):
             calls = records[0].calls
             if len(calls) == 1 and calls[0].args[0].ndim == 2:
