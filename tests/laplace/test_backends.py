@@ -119,9 +119,9 @@ class _Branches(nn.Module):
 def test_streamed_backward_equals_one_backward(monkeypatch, structure, options, curvature, model_kind):
     """The capture backend streams a batch whose output gradients exceed its budget (one backward
     per factor, gradients accumulated by tensor hooks in groups of at most ``STREAM_BUDGET``
-    elements): curvature, loss and marglik as with one backward of all factors. Structures without
-    ``factor_chunks`` (full), and models with an output that does not depend on the input, are not
-    streamed."""
+    elements; after the first batch, forwards that keep no module outputs): curvature, loss and
+    marglik as with one backward of all factors. Structures without ``factor_chunks`` (full), and
+    models with an output that does not depend on the input, are not streamed."""
     import laplace_lab.laplace.backends.capture as capture_backend
     from laplace_lab.laplace import capture
 
@@ -133,7 +133,11 @@ def test_streamed_backward_equals_one_backward(monkeypatch, structure, options, 
     flushes = []
     stream = capture.Capture.stream
 
+    modes = []
+
     def spy(self, f, V, source, accumulate, budget):
+        modes.append(self.stream_mode)
+
         def counting(parts, first):
             flushes.append(sum(len(r.calls) for r in parts))
             accumulate(parts, first)
@@ -145,8 +149,9 @@ def test_streamed_backward_equals_one_backward(monkeypatch, structure, options, 
     la = _fit(model, X, y, "capture", **kw)
     streamed = structure != "full" and model_kind == "residual_cnn"
     assert bool(flushes) == streamed
-    if streamed:  # several groups per factor: 3 batches x 3 factors x (> 1 group)
+    if streamed:  # several groups per factor: 3 batches x 3 factors x (> 1 group); outputs kept only first
         assert len(flushes) > 9 and min(flushes) >= 1
+        assert modes == [False, True, True]
     torch.testing.assert_close(_dense(la), _dense(ref), rtol=1e-12, atol=1e-13)
     torch.testing.assert_close(la.loss, ref.loss, rtol=1e-14, atol=0)
     torch.testing.assert_close(la.log_marginal_likelihood(), ref.log_marginal_likelihood(), rtol=1e-12, atol=0)

@@ -49,7 +49,7 @@ class Call:
     the dense gradient ``[N, K, C, H W]`` with its positions in 2x2-block order (``(qy, qx, a, b)``
     for ``y = 2 a + qy``, ``x = 2 b + qx``); ``grad`` reorders it on first access."""
 
-    __slots__ = ("args", "kwargs", "_output", "_output_fn", "_out_shape", "version", "_grad", "_grads",
+    __slots__ = ("args", "kwargs", "_output", "_output_fn", "_out_shape", "version", "_grad", "_grads", "node",
                  "pooled", "s2d", "__weakref__")
 
     def __init__(self, args: tuple, kwargs: dict, output: torch.Tensor | None, grad: torch.Tensor | None = None,
@@ -62,6 +62,7 @@ class Call:
         self._grads = None
         self.pooled = None
         self.s2d = None
+        self.node = None  # the output's grad_fn (set by Capture; kept when the output itself is not)
 
     @property
     def output(self) -> torch.Tensor:
@@ -166,8 +167,14 @@ def has_inplace_modules(model: nn.Module) -> bool:
 
 class Capture:
     def __init__(self, modules: list[nn.Module], protect_inplace: bool = True,
-                 batched_backward: bool | None = None, grad_hooks: bool = False, detach_inputs: bool = True):
+                 batched_backward: bool | None = None, grad_hooks: bool = False, detach_inputs: bool = True,
+                 stream: bool = False):
         self.detach_inputs = detach_inputs  # False: recorded inputs keep their graph (differentiable re-use)
+        # stream: for ``stream`` only. Outputs are not kept (their shape and grad_fn are); a tensor hook
+        # registered when the module returns hands ``stream`` the gradient (as for grad_hooks, a later
+        # in-place op does not change what it sees). Saves the outputs that autograd does not keep.
+        self.stream_mode = stream
+        self._sink = None  # set by ``stream`` while it back-propagates
         self.records = [Record(m) for m in modules]
         self._handles: list = []
         self.protect_inplace = protect_inplace
@@ -178,7 +185,7 @@ class Capture:
         # semantics for hooks registered before an in-place modification).
         self.grad_hooks = grad_hooks
 
-    def _hook(self, record: Record):
+    def _hook(self, record: Record, index: int):
         def hook(module, args, kwargs, output):
             if not isinstance(output, torch.Tensor):
                 raise NotImplementedError(
@@ -187,7 +194,15 @@ class Capture:
                 )
             if self.detach_inputs:
                 args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+            if self.stream_mode:
+                call = Call(args, kwargs, None, out_shape=output.shape)
+                call.node = output.grad_fn
+                record.calls.append(call)
+                if output.requires_grad:
+                    output.register_hook(lambda g, c=call: self._deliver(index, c, g))
+                return None
             call = Call(args, kwargs, output)
+            call.node = output.grad_fn
             record.calls.append(call)
             if self.grad_hooks and output.requires_grad:
                 # a weak reference: the hook lives on the output (held from C++, which Python's
@@ -210,9 +225,9 @@ class Capture:
         return hook
 
     def __enter__(self) -> Capture:
-        for r in self.records:
+        for i, r in enumerate(self.records):
             r.calls.clear()
-            self._handles.append(r.module.register_forward_hook(self._hook(r), with_kwargs=True))
+            self._handles.append(r.module.register_forward_hook(self._hook(r, i), with_kwargs=True))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -224,29 +239,39 @@ class Capture:
         """True if an unprotected recorded output was written in place after its module returned."""
         return any(c.version >= 0 and c.output._version != c.version for r in self.records for c in r.calls)
 
+    def _deliver(self, index: int, call: Call, g: torch.Tensor) -> None:
+        if self._sink is not None:
+            self._sink(index, call, g.detach().unsqueeze(0))
+
     def can_stream(self, f: torch.Tensor, source: torch.Tensor) -> bool:
         """Whether ``stream`` sees every recorded output's gradient: each output that requires grad
         depends on ``source`` (the backward w.r.t. ``source`` passes through it)."""
         if f.grad_fn is None or not source.requires_grad:
             return False
         reaching = nodes_reaching(f.grad_fn, source)
-        return all(c.output is f or not c.output.requires_grad or c.output.grad_fn in reaching
-                   for r in self.records for c in r.calls)
+        return all(c.node is None or c.node in reaching for r in self.records for c in r.calls)
 
     def stream(self, f: torch.Tensor, V: torch.Tensor, source: torch.Tensor, accumulate, budget: int) -> None:
         """Back-propagate the ``K`` factors one at a time (``V`` ``[K, *f.shape]``) w.r.t. ``source``
         (a model input requiring grad, ``can_stream``), taking each recorded output's gradient as it
-        arrives (tensor hooks). A module's record is complete once all its calls' gradients of the
-        factor are in; whenever complete records hold ``budget`` elements, and after each factor,
-        ``accumulate(records, first)`` gets them (calls with ``grad`` ``[1, *output]``; the other
-        records empty) and their gradients are dropped. So about ``budget`` elements of output
+        arrives (tensor hooks: registered now, or by a ``Capture(stream=True)`` forward). A module's
+        record is complete once all its calls' gradients of the factor are in; whenever complete
+        records hold ``budget`` elements, and after each factor (when calls that got no gradient get
+        zeros), ``accumulate(records, first)`` gets them (calls with ``grad`` ``[1, *output]``; the
+        other records empty) and their gradients are dropped. So about ``budget`` elements of output
         gradients (plus the modules still waiting for a call's) are alive instead of ``K`` times the
-        activations. Outputs that do not require grad get zero gradients."""
+        activations."""
         K = V.shape[0]
         held: dict[int, list] = {}  # record index -> its calls whose gradient has arrived
+        arrived: set = set()  # ids of the calls whose gradient of this factor arrived (held or accumulated)
         state = {"size": 0, "first": True}
 
         def flush(final: bool) -> None:
+            if final:  # calls without a gradient in this factor (no path to f, no grad): zeros
+                for i, r in enumerate(self.records):
+                    for c in r.calls:
+                        if id(c) not in arrived:
+                            take(i, c, torch.zeros((1, *c.out_shape), dtype=V.dtype, device=V.device), check=False)
             done = [i for i, got in held.items() if final or len(got) == len(self.records[i].calls)]
             if not done:
                 return
@@ -259,28 +284,26 @@ class Capture:
                     state["size"] -= c.grad.numel()
                     c.grad = None
 
-        def take(i, c, g) -> None:
+        def take(i, c, g, check: bool = True) -> None:
             c.grad = g
+            arrived.add(id(c))
             held.setdefault(i, []).append(c)
             state["size"] += g.numel()
-            if state["size"] >= budget:
+            if check and state["size"] >= budget:
                 flush(final=False)
 
-        calls = [(i, c) for i, r in enumerate(self.records) for c in r.calls]
-        silent = [(i, c) for i, c in calls if c.output is not f and not c.output.requires_grad]
-        handles = [c.output.register_hook(lambda g, i=i, c=c: take(i, c, g.detach().unsqueeze(0)))
-                   for i, c in calls if c.output is not f and c.output.requires_grad]
+        handles = [] if self.stream_mode else [
+            c.output.register_hook(lambda g, i=i, c=c: self._deliver(i, c, g))
+            for i, r in enumerate(self.records) for c in r.calls if c.output.requires_grad]
+        self._sink = take
         try:
             for k in range(K):
                 state["first"] = k == 0
-                for i, c in calls:
-                    if c.output is f:
-                        take(i, c, V[k:k + 1])
-                for i, c in silent:
-                    take(i, c, torch.zeros((1, *c.output.shape), dtype=V.dtype, device=V.device))
+                arrived.clear()
                 torch.autograd.grad(f, source, grad_outputs=V[k], retain_graph=k < K - 1)
                 flush(final=True)
         finally:
+            self._sink = None
             for h in handles:
                 h.remove()
 
