@@ -156,3 +156,20 @@ def test_streamed_backward_equals_one_backward(monkeypatch, structure, options, 
     torch.testing.assert_close(la.loss, ref.loss, rtol=1e-14, atol=0)
     torch.testing.assert_close(la.log_marginal_likelihood(), ref.log_marginal_likelihood(), rtol=1e-12, atol=0)
     assert la.n_data == ref.n_data == 10
+
+
+def test_streamed_fit_leaves_no_captures_alive(monkeypatch):
+    """The hooks of output-free forwards live on the graph: they must not keep a batch's capture (its
+    inputs) alive after the fit (a reference cycle through autograd's C++ nodes)."""
+    import gc
+
+    import laplace_lab.laplace.backends.capture as capture_backend
+    from laplace_lab.laplace import capture
+
+    monkeypatch.setattr(capture_backend, "FACTOR_BUDGET", 10)
+    torch.manual_seed(0)
+    model = _ResidualCNN(d_out=4).double()
+    X, y = torch.randn(12, 1, 8, 8, dtype=torch.float64), torch.randint(0, 4, (12,))
+    _fit(model, X, y, "capture", hessian_structure="kron")
+    gc.collect()
+    assert not [o for o in gc.get_objects() if isinstance(o, (capture.Capture, capture.Call))]

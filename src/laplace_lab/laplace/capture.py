@@ -198,8 +198,17 @@ class Capture:
                 call = Call(args, kwargs, None, out_shape=output.shape)
                 call.node = output.grad_fn
                 record.calls.append(call)
-                if output.requires_grad:
-                    output.register_hook(lambda g, c=call: self._deliver(index, c, g))
+                if output.requires_grad:  # weak references: the hook lives on the graph node, which the
+                    # call holds (``node``), so strong ones would form a cycle through C++ that
+                    # Python's collector cannot see, leaking every batch's inputs and graph
+                    cap_ref, call_ref = weakref.ref(self), weakref.ref(call)
+
+                    def deliver(g):
+                        cap, c = cap_ref(), call_ref()
+                        if cap is not None and c is not None:
+                            cap._deliver(index, c, g)
+
+                    output.register_hook(deliver)
                 return None
             call = Call(args, kwargs, output)
             call.node = output.grad_fn
