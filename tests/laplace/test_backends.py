@@ -144,6 +144,7 @@ def test_streamed_backward_equals_one_backward(monkeypatch, structure, options, 
         stream(self, f, V, source, counting, budget)
 
     monkeypatch.setattr(capture.Capture, "stream", spy)
+    monkeypatch.setattr(capture_backend, "OUTPUT_FREE_DEVICES", ("cuda", "cpu"))  # CUDA's path, on the CPU
     monkeypatch.setattr(capture_backend, "FACTOR_BUDGET", 10)
     monkeypatch.setattr(capture_backend, "STREAM_BUDGET", 3 * 64 * 4)  # one conv output of 4 inputs
     la = _fit(model, X, y, "capture", **kw)
@@ -167,6 +168,7 @@ def test_streamed_fit_leaves_no_captures_alive(monkeypatch):
     from laplace_lab.laplace import capture
 
     monkeypatch.setattr(capture_backend, "FACTOR_BUDGET", 10)
+    monkeypatch.setattr(capture_backend, "OUTPUT_FREE_DEVICES", ("cuda", "cpu"))
     torch.manual_seed(0)
     model = _ResidualCNN(d_out=4).double()
     X, y = torch.randn(12, 1, 8, 8, dtype=torch.float64), torch.randint(0, 4, (12,))

@@ -8,11 +8,12 @@ groups of calls (``Structure.factor_chunks``: kron, diag) and the model input is
 which every recorded output depends, the batch is streamed (``Capture.stream``, ``capture.Streamed``):
 one backward per factor w.r.t. the input, each output's gradient taken by a tensor hook as it
 arrives and accumulated once ``STREAM_BUDGET`` elements are held, so the output gradients alive at
-once stay below that. Once a batch of a fit was streamed, the later ones are captured without
-keeping the module outputs (``Capture(stream=True)``: hooks registered in the forward), so what
-stays alive is the forward graph alone, as in any backward (conv outputs that only feed an
-addition are not kept by autograd: 75 MB for WRN-16-4 at batch 32). Same work, plus the input's
-gradient through the first layer; on the CPU the ``K`` backward passes ran one by one anyway.
+once stay below that. On CUDA (``OUTPUT_FREE_DEVICES``), once a batch of a fit was streamed, the
+later ones are captured without keeping the module outputs (``Capture(stream=True)``: hooks
+registered in the forward), so what stays alive is the forward graph alone, as in any backward
+(conv outputs that only feed an addition are not kept by autograd: 75 MB for WRN-16-4 at batch 32).
+Same work, plus the input's gradient through the first layer; on the CPU the ``K`` backward passes
+ran one by one anyway.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from laplace_lab.laplace.curvature import output_factors
 
 FACTOR_BUDGET = 2**24  # output-gradient elements of a batch (64 MiB in float32) above which it is streamed
 STREAM_BUDGET = 2**22  # output-gradient elements held while streaming (16 MiB in float32)
+# devices on which later streamed batches keep no module outputs: on the CPU that lowered the live
+# memory of a WRN-16-4 batch but raised the peak RSS (glibc kept the freed heap: 0.70 vs 0.55 GiB
+# above the start, benchmarks/fit_memory.py), so there the outputs are kept
+OUTPUT_FREE_DEVICES = ("cuda",)
 
 
 @register
@@ -62,7 +67,8 @@ class CaptureBackend(Backend):
         source = None  # the input as a leaf requiring grad: the streamed backward's target
         if not self.last_layer and la.structure.factor_chunks and isinstance(X, torch.Tensor) and X.is_floating_point():
             X = source = X.detach().requires_grad_(True)
-        cap, out = self._forward(X, stream=self.streaming and source is not None)
+        cap, out = self._forward(X, stream=self.streaming and source is not None
+                                 and source.device.type in OUTPUT_FREE_DEVICES)
         if cap.stream_mode and not cap.can_stream(out, source):  # the outputs are gone: redo, keeping them
             self.streaming = False
             cap, out = self._forward(X, stream=False)
