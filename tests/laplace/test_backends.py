@@ -99,6 +99,18 @@ class _ResidualCNN(nn.Module):
         return self.head(h.flatten(1))
 
 
+class _DeadBranch(_ResidualCNN):
+    """A recorded module whose output does not reach the network output: zero gradients."""
+
+    def __init__(self, d_out=4):
+        super().__init__(d_out)
+        self.unused = nn.Conv2d(1, 2, 3)
+
+    def forward(self, x):
+        self.unused(x)
+        return super().forward(x)
+
+
 class _Branches(nn.Module):
     """Two calls of one Linear, one of them on a learnt constant: that output does not depend on the
     input, so a backward w.r.t. the input would miss its gradient (the batch is not streamed)."""
@@ -115,7 +127,7 @@ class _Branches(nn.Module):
 @pytest.mark.parametrize("structure,options", [("kron", {"kfac_approx": "expand"}), ("kron", {"kfac_approx": "reduce"}),
                                                ("kron", {"kfac_approx": "backpack"}), ("diag", None), ("full", None)])
 @pytest.mark.parametrize("curvature", ["ggn", "mc_fisher"])
-@pytest.mark.parametrize("model_kind", ["residual_cnn", "branches"])
+@pytest.mark.parametrize("model_kind", ["residual_cnn", "dead_branch", "branches"])
 def test_streamed_backward_equals_one_backward(monkeypatch, structure, options, curvature, model_kind):
     """The capture backend streams a batch whose output gradients exceed its budget (one backward
     per factor, gradients accumulated by tensor hooks in groups of at most ``STREAM_BUDGET``
@@ -126,7 +138,7 @@ def test_streamed_backward_equals_one_backward(monkeypatch, structure, options, 
     from laplace_lab.laplace import capture
 
     torch.manual_seed(0)
-    model = (_ResidualCNN(d_out=4) if model_kind == "residual_cnn" else _Branches()).double()
+    model = {"residual_cnn": _ResidualCNN, "dead_branch": _DeadBranch, "branches": _Branches}[model_kind](d_out=4).double()
     X, y = torch.randn(10, 1, 8, 8, dtype=torch.float64), torch.randint(0, 4, (10,))
     kw = dict(hessian_structure=structure, curvature=curvature, structure_options=options, n_mc_samples=3)
     ref = _fit(model, X, y, "capture", **kw)
@@ -148,7 +160,7 @@ def test_streamed_backward_equals_one_backward(monkeypatch, structure, options, 
     monkeypatch.setattr(capture_backend, "FACTOR_BUDGET", 10)
     monkeypatch.setattr(capture_backend, "STREAM_BUDGET", 3 * 64 * 4)  # one conv output of 4 inputs
     la = _fit(model, X, y, "capture", **kw)
-    streamed = structure != "full" and model_kind == "residual_cnn"
+    streamed = structure != "full" and model_kind != "branches"
     assert bool(flushes) == streamed
     if streamed:  # several groups per factor: 3 batches x 3 factors x (> 1 group); outputs kept only first
         assert len(flushes) > 9 and min(flushes) >= 1

@@ -128,9 +128,10 @@ class Streamed:
         self.run = run
 
 
-def nodes_reaching(root, leaf: torch.Tensor) -> set:
-    """The autograd nodes below ``root`` (a ``grad_fn``) from which ``leaf`` (a tensor requiring grad)
-    is reached: a tensor whose ``grad_fn`` is in the set depends on ``leaf``."""
+def graph_nodes(root, leaf: torch.Tensor) -> tuple[set, set]:
+    """``(below, reaching)``: the autograd nodes below ``root`` (a ``grad_fn``), and those of them from
+    which ``leaf`` (a tensor requiring grad) is reached. A tensor whose ``grad_fn`` is not in ``below``
+    gets no gradient from ``root``; one whose ``grad_fn`` is in ``reaching`` depends on ``leaf``."""
     parents: dict = {}
     target, seen, stack = None, {root}, [root]
     while stack:
@@ -151,7 +152,7 @@ def nodes_reaching(root, leaf: torch.Tensor) -> set:
             if parent not in out:
                 out.add(parent)
                 stack.append(parent)
-    return out
+    return seen, out
 
 
 @dataclass
@@ -175,6 +176,7 @@ class Capture:
         # in-place op does not change what it sees). Saves the outputs that autograd does not keep.
         self.stream_mode = stream
         self._sink = None  # set by ``stream`` while it back-propagates
+        self._silent: list = []  # (record index, call) without a gradient from f (``can_stream``)
         self.records = [Record(m) for m in modules]
         self._handles: list = []
         self.protect_inplace = protect_inplace
@@ -253,34 +255,31 @@ class Capture:
             self._sink(index, call, g.detach().unsqueeze(0))
 
     def can_stream(self, f: torch.Tensor, source: torch.Tensor) -> bool:
-        """Whether ``stream`` sees every recorded output's gradient: each output that requires grad
-        depends on ``source`` (the backward w.r.t. ``source`` passes through it)."""
+        """Whether ``stream`` sees every recorded output's gradient: each output that gets one from
+        ``f`` depends on ``source`` (the backward w.r.t. ``source`` passes through it). Notes the calls
+        that get none (no grad, or no path to ``f``: zero gradients) for ``stream``."""
         if f.grad_fn is None or not source.requires_grad:
             return False
-        reaching = nodes_reaching(f.grad_fn, source)
-        return all(c.node is None or c.node in reaching for r in self.records for c in r.calls)
+        below, reaching = graph_nodes(f.grad_fn, source)
+        calls = [(i, c) for i, r in enumerate(self.records) for c in r.calls]
+        self._silent = [(i, c) for i, c in calls if c.node is None or c.node not in below]
+        return all(c.node in reaching for i, c in calls if (i, c) not in self._silent)
 
     def stream(self, f: torch.Tensor, V: torch.Tensor, source: torch.Tensor, accumulate, budget: int) -> None:
         """Back-propagate the ``K`` factors one at a time (``V`` ``[K, *f.shape]``) w.r.t. ``source``
-        (a model input requiring grad, ``can_stream``), taking each recorded output's gradient as it
-        arrives (tensor hooks: registered now, or by a ``Capture(stream=True)`` forward). A module's
-        record is complete once all its calls' gradients of the factor are in; whenever complete
-        records hold ``budget`` elements, and after each factor (when calls that got no gradient get
-        zeros), ``accumulate(records, first)`` gets them (calls with ``grad`` ``[1, *output]``; the
-        other records empty) and their gradients are dropped. So about ``budget`` elements of output
-        gradients (plus the modules still waiting for a call's) are alive instead of ``K`` times the
-        activations."""
+        (a model input requiring grad; ``can_stream`` was true), taking each recorded output's
+        gradient as it arrives (tensor hooks: registered now, or by a ``Capture(stream=True)``
+        forward). A module's record is complete once all its calls' gradients of the factor are in
+        (calls without one get zeros first); whenever complete records hold ``budget`` elements, and
+        after each factor, ``accumulate(records, first)`` gets them (calls with ``grad``
+        ``[1, *output]``; the other records empty) and their gradients are dropped. So about
+        ``budget`` elements of output gradients (plus the modules still waiting for a call's) are
+        alive instead of ``K`` times the activations."""
         K = V.shape[0]
         held: dict[int, list] = {}  # record index -> its calls whose gradient has arrived
-        arrived: set = set()  # ids of the calls whose gradient of this factor arrived (held or accumulated)
         state = {"size": 0, "first": True}
 
         def flush(final: bool) -> None:
-            if final:  # calls without a gradient in this factor (no path to f, no grad): zeros
-                for i, r in enumerate(self.records):
-                    for c in r.calls:
-                        if id(c) not in arrived:
-                            take(i, c, torch.zeros((1, *c.out_shape), dtype=V.dtype, device=V.device), check=False)
             done = [i for i, got in held.items() if final or len(got) == len(self.records[i].calls)]
             if not done:
                 return
@@ -293,22 +292,23 @@ class Capture:
                     state["size"] -= c.grad.numel()
                     c.grad = None
 
-        def take(i, c, g, check: bool = True) -> None:
+        def take(i, c, g) -> None:
             c.grad = g
-            arrived.add(id(c))
             held.setdefault(i, []).append(c)
             state["size"] += g.numel()
-            if check and state["size"] >= budget:
+            if state["size"] >= budget:
                 flush(final=False)
 
+        silent = {id(c) for _, c in self._silent}
         handles = [] if self.stream_mode else [
             c.output.register_hook(lambda g, i=i, c=c: self._deliver(i, c, g))
-            for i, r in enumerate(self.records) for c in r.calls if c.output.requires_grad]
+            for i, r in enumerate(self.records) for c in r.calls if id(c) not in silent]
         self._sink = take
         try:
             for k in range(K):
                 state["first"] = k == 0
-                arrived.clear()
+                for i, c in self._silent:
+                    take(i, c, torch.zeros((1, *c.out_shape), dtype=V.dtype, device=V.device))
                 torch.autograd.grad(f, source, grad_outputs=V[k], retain_graph=k < K - 1)
                 flush(final=True)
         finally:
