@@ -15,7 +15,7 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
-## Default experiment: MLP on generated 2-D data (toy2d), prints its final metrics.
+## Default experiment: MLP on generated 2-D data (toy2d), prints its final metrics and what Laplace changed against the MAP.
 run: install
 	$(BIN)/python -m laplace_lab.train $(ARGS)
 

@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
-    data = torch.load(args.split)
+    data = torch.load(args.split, weights_only=True)
     torch.manual_seed(args.seed)
     x, y = data["x_train"], data["y_train"]
     loader = DataLoader(TensorDataset(x, y), batch_size=len(x), shuffle=True)

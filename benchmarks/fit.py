@@ -107,7 +107,7 @@ def worker(args) -> None:
 
     model, loader = _setup(args.n_train, args.batch_size, args.threads)
     if args.weights:
-        model.load_state_dict(torch.load(args.weights))
+        model.load_state_dict(torch.load(args.weights, weights_only=True))
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     times, epochs, value = [], [], None

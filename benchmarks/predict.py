@@ -54,7 +54,7 @@ def _model(state_path: str | None = None):
 
     model = LeNet(input_shape=(1, 28, 28), num_outputs=10)
     if state_path:
-        model.load_state_dict(torch.load(state_path))
+        model.load_state_dict(torch.load(state_path, weights_only=True))
     return model
 
 

@@ -107,7 +107,7 @@ def test_row_must_pick_one_row_by_group_by_keys():
     (lambda e: e.update(tolerance=-1), r"entry 'v': field `tolerance` must be a finite number >= 0"),
     (lambda e: e.update(value=float("nan")), r"entry 'v': field `value` must be a finite number"),
     (lambda e: e.update(value="0.1"), r"entry 'v': field `value` must be a finite number"),
-    (lambda e: e.update(kind="number"), r"entry 'v': field `kind`='number' is not supported; allowed"),
+    (lambda e: e.update(kind="number"), r"entry 'v': field `kind`='number' is not supported in format 1; allowed"),
     (lambda e: e.update(tolerence=1), r"entry 'v': unknown field\(s\) \['tolerence'\]"),
     (lambda e: e.update(row="la"), r"entry 'v': `row` must be a non-empty mapping"),
     (lambda e: e.update(source=""), r"entry 'v': field `source` must name"),

@@ -10,8 +10,9 @@ import inspect
 from omegaconf import DictConfig, OmegaConf
 
 from laplace_lab.config_values import validate_values
+from laplace_lab.data.size_checks import check_data_sizes
 from laplace_lab.laplace.options import Likelihood, LinkApprox, PredType
-from laplace_lab.laplace.predictive import check_nn_link
+from laplace_lab.laplace.predictive import HET_APPROXES, check_nn_link
 from laplace_lab.laplace.spec import LaplaceSpec, hessian_structures, structure_class
 from laplace_lab.training.module import check_loss_scale
 
@@ -37,6 +38,7 @@ def validate_config(cfg: DictConfig) -> None:
     """Reject invalid option values and combinations of the root config and its groups
     (first the per-value checks of ``laplace_lab.config_values``: finite, in range, typed, known keys)."""
     validate_values(cfg)
+    check_data_sizes(cfg.data)  # sizes against the data set (toy2d classes, a fifth of the images to validation)
     _require(cfg.likelihood in LIKELIHOOD_CHOICES,
              f"likelihood={cfg.likelihood!r} is not supported; allowed: {list(LIKELIHOOD_CHOICES)}")
     _require(isinstance(cfg.seed, int) and cfg.seed >= 0, f"seed must be a non-negative integer; got {cfg.seed!r}")
@@ -52,6 +54,12 @@ def validate_config(cfg: DictConfig) -> None:
     _require(cfg.trainer.max_epochs is None or cfg.trainer.max_epochs >= 1,
              f"trainer.max_epochs must be >= 1; got {cfg.trainer.max_epochs}")
     _choice(cfg, "on_nonfinite_loss", NONFINITE_LOSS)
+    if cfg.get("het_head", "softplus") != "softplus":
+        from laplace_lab.models.het_head import HET_HEADS
+
+        _choice(cfg, "het_head", HET_HEADS)
+        _require(cfg.likelihood == "heteroscedastic_regression",
+                 f"het_head={cfg.het_head!r} is a head of likelihood=heteroscedastic_regression; got likelihood={cfg.likelihood!r}")
     check_loss_scale(cfg.map_loss_scale, cfg.likelihood)
     threads = cfg.get("torch_num_threads")
     _require(threads is None or (isinstance(threads, int) and threads >= 1),
@@ -124,6 +132,14 @@ def validate_laplace_config(cfg: DictConfig) -> None:
     pred_type = _choice(cfg, "predictive.pred_type", PRED_TYPES)
     link = _choice(cfg, "predictive.link_approx", LINKS)
     check_nn_link(pred_type, link, key=lambda name: f"predictive.{name}")
+    het_approx = _choice(cfg, "predictive.het_approx", HET_APPROXES) if "het_approx" in cfg.predictive else "mean"
+    if het_approx != "mean":
+        _require(cfg.likelihood in ("auto", "heteroscedastic_regression"),
+                 f"predictive.het_approx={het_approx!r} needs likelihood=heteroscedastic_regression; "
+                 f"got likelihood={cfg.likelihood!r}")
+        _require(pred_type == "glm" and link == "probit",
+                 f"predictive.het_approx={het_approx!r} is a closed form of the glm predictive: it needs "
+                 f"predictive.pred_type=glm and predictive.link_approx=probit; got {pred_type!r}, {link!r}")
     delta = cfg.prior.prior_precision
     _require(isinstance(delta, (int, float)) and delta > 0, f"prior.prior_precision must be a positive number; got {delta!r}")
     _require(int(cfg.curvature.n_mc_samples) >= 1, f"curvature.n_mc_samples must be >= 1; got {cfg.curvature.n_mc_samples}")

@@ -4,10 +4,12 @@
   in their range;
 - an option's type matches its defaults: a list where ``conf/<group>/*.yaml`` (or the target's
   signature) has a list, ints where it has ints (``model.widths='50'`` is an error, not ``[5, 0]``);
-- no unknown keys under a group, also when added with ``+`` (``+marglik.typo=1``): the known keys
-  of a group are those of its option files, plus the constructor arguments of its ``_target_``;
-- every ``_target_`` names a class under ``ALLOWED_TARGET_PREFIXES`` (a config is code: a
-  command-line ``_target_`` override could import and run anything).
+- no unknown keys at the root or under a group, also when added with ``+`` (``+marglik.typo=1``,
+  ``+ensemble.sizee=3``): the known keys of a group are those of its option files, plus the
+  constructor arguments of its ``_target_``; the root's, those of ``root_keys``;
+- list entries in range too (``model.widths[*]``: ``[0]`` or ``[-5]`` fail);
+- every ``_target_`` is one of ``safe_targets.ALLOWED_TARGETS`` (a config is code: a command-line
+  ``_target_`` override could import and run anything).
 
 Each check raises ``ValueError`` naming the option and the allowed values.
 """
@@ -24,14 +26,20 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from laplace_lab.safe_targets import ALLOWED_TARGETS, check_targets
+
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-ALLOWED_TARGET_PREFIXES = ("laplace_lab.", "torch.", "pytorch_lightning.", "lightning.")
-# Groups checked for unknown keys: conf/<group>/*.yaml options; checkpoint and map_cache live in train.yaml.
+# Groups checked for unknown keys: conf/<group>/*.yaml options; checkpoint, map_cache and ensemble live in
+# train.yaml (evaluation and aggregate have validators of their own).
 CHECKED_GROUPS = ("data", "model", "optimizer", "lr_scheduler", "trainer", "curvature", "prior", "marglik",
-                  "predictive", "logger", "paths", "checkpoint", "map_cache")
+                  "predictive", "logger", "paths", "checkpoint", "map_cache", "ensemble", "augmentation")
 INF = math.inf
 # Keys of ours inside a group whose other keys are a constructor's arguments (trainer: Lightning's Trainer).
 OWN_KEYS = {"trainer": ("loop",)}
+# Sub-dicts whose keys the group's own validator checks (augmentation.init.<transform>).
+OPEN_KEYS = {"augmentation": ("init",)}
+# Root keys that no config file sets but the code reads (``+sweep_objective=<metric>``: sweeps.jobs).
+EXTRA_ROOT_KEYS = ("sweep_objective",)
 
 # option: (kind, low, high, low inclusive, null allowed). kind "int" or "float" (ints accepted).
 RANGES: dict[str, tuple[str, float, float, bool, bool]] = {
@@ -60,6 +68,11 @@ RANGES: dict[str, tuple[str, float, float, bool, bool]] = {
     "data.noise": ("float", 0, INF, True, False),
     "data.noise_std": ("float", 0, INF, True, False),
     "data.fake_size": ("int", 1, INF, True, False),
+    "model.widths[*]": ("int", 1, INF, True, False),
+    "model.width": ("int", 1, INF, True, False),
+    "model.depth": ("int", 10, INF, True, False),
+    "model.widen_factor": ("int", 1, INF, True, False),
+    "augmentation.n_samples": ("int", 1, INF, True, False),
     "curvature.n_mc_samples": ("int", 1, INF, True, False),
     "curvature.n_eigs": ("int", 1, INF, True, False),
     "curvature.fit_batch_size": ("int", 1, INF, True, True),
@@ -110,19 +123,34 @@ def check_finite(data: Mapping) -> None:
             _fail(f"{key}={value} is not a finite number; allowed: finite values only (nan and inf are rejected)")
 
 
-def check_ranges(data: Mapping) -> None:
-    """The options of ``RANGES``: numbers (ints where ``int``) in their range."""
-    for key, (kind, lo, hi, lo_incl, nullable) in RANGES.items():
+def _ranged_values(data: Mapping, key: str):
+    """``(name, value)`` of option ``key``: one pair, or each entry of a list option (``key[*]``)."""
+    if not key.endswith("[*]"):
         value, found = _select(data, key)
-        if not found or (value is None and nullable):
-            continue
-        ok_type = _is_number(value) and (kind == "float" or isinstance(value, int))
-        ok_range = ok_type and (value >= lo if lo_incl else value > lo) and value <= hi
-        if not ok_range:
-            bounds = (">= " if lo_incl else "> ") + f"{lo}" + ("" if hi == INF else f" and <= {hi}")
-            interval = ("[" if lo_incl else "(") + f"{lo}, " + ("inf)" if hi == INF else f"{hi}]")
-            what = "integers" if kind == "int" else "numbers"
-            _fail(f"{key}{DESCRIPTIONS.get(key, '')} must be {bounds}{' or null' if nullable else ''}; got {value!r} (allowed: {what} in {interval})")
+        return [(key, value)] if found else []
+    value, found = _select(data, key[:-3])
+    if not found or not isinstance(value, (list, tuple)):
+        return []  # (a list option that is not a list: check_group_keys names its type)
+    return [(f"{key[:-3]}[{i}]", v) for i, v in enumerate(value)]
+
+
+def check_ranges(data: Mapping) -> None:
+    """The options of ``RANGES``: numbers (ints where ``int``) in their range (``key[*]``: each entry)."""
+    for pattern, (kind, lo, hi, lo_incl, nullable) in RANGES.items():
+        for key, value in _ranged_values(data, pattern):
+            _check_range(key, value, kind, lo, hi, lo_incl, nullable)
+
+
+def _check_range(key: str, value: Any, kind: str, lo: float, hi: float, lo_incl: bool, nullable: bool) -> None:
+    if value is None and nullable:
+        return
+    ok_type = _is_number(value) and (kind == "float" or isinstance(value, int))
+    ok_range = ok_type and (value >= lo if lo_incl else value > lo) and value <= hi
+    if not ok_range:
+        bounds = (">= " if lo_incl else "> ") + f"{lo}" + ("" if hi == INF else f" and <= {hi}")
+        interval = ("[" if lo_incl else "(") + f"{lo}, " + ("inf)" if hi == INF else f"{hi}]")
+        what = "integers" if kind == "int" else "numbers"
+        _fail(f"{key}{DESCRIPTIONS.get(key, '')} must be {bounds}{' or null' if nullable else ''}; got {value!r} (allowed: {what} in {interval})")
 
 
 def _select(data: Mapping, key: str) -> tuple[Any, bool]:
@@ -193,8 +221,7 @@ def _target_class(group: str, node: Mapping) -> Any:
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError):
-        _fail(f"{group}._target_={target!r} cannot be imported; allowed: an importable class under "
-              f"{list(ALLOWED_TARGET_PREFIXES)}")
+        _fail(f"{group}._target_={target!r} cannot be imported; allowed: {sorted(ALLOWED_TARGETS)}")
 
 
 def _accepted_args(cls: Any) -> dict[str, inspect.Parameter] | None:
@@ -238,11 +265,13 @@ def check_group_keys(data: Mapping) -> None:
         known = set(args) | set(OWN_KEYS.get(group, ())) if args is not None else set(schema)
         for key, value in _flat_keys(node):
             top = key.split(".")[0]
-            if top.startswith("_") and top.endswith("_"):
+            if (top.startswith("_") and top.endswith("_")) or (top in OPEN_KEYS.get(group, ()) and key != top):
                 continue
             if (key if args is None else top) not in known and not (cls is not None and args is None):
                 allowed = sorted(k for k in known if k.count(".") == key.count("."))
                 _fail(f"{group}.{key} is not a known option of the {group} group; allowed: {allowed}")
+            if top in OPEN_KEYS.get(group, ()):
+                continue
             _check_type(f"{group}.{key}", value, frozenset(schema.get(key, ())))
 
 
@@ -268,12 +297,25 @@ def _check_type(name: str, value: Any, kinds: frozenset) -> None:
             _fail(f"{name}={list(value)!r} must be a list of integers; got entries {bad}")
 
 
-def check_targets(data: Mapping) -> None:
-    """Every ``_target_`` names a class under ``ALLOWED_TARGET_PREFIXES``."""
-    for key, value in _leaves(data):
-        if key.split(".")[-1] == "_target_" and not (isinstance(value, str) and value.startswith(ALLOWED_TARGET_PREFIXES)):
-            _fail(f"{key}={value!r} is not allowed; allowed: classes under {list(ALLOWED_TARGET_PREFIXES)} "
-                  "(presets are code: a _target_ is imported and called)")
+
+
+@functools.cache
+def root_keys() -> frozenset[str]:
+    """The known root keys: those of ``conf/train.yaml``, its config groups, the root keys that
+    ``# @package _global_`` files (presets, methods) set, and ``EXTRA_ROOT_KEYS``."""
+    train = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "train.yaml"), resolve=False)
+    keys = set(train) | {k for entry in train.get("defaults", []) if isinstance(entry, dict) for k in entry}
+    for path in CONF_DIR.rglob("*.yaml"):
+        if "@package _global_" in path.read_text():
+            keys |= set(OmegaConf.to_container(OmegaConf.load(path), resolve=False) or {})
+    return frozenset(keys - {"defaults", "hydra"}) | frozenset(EXTRA_ROOT_KEYS)
+
+
+def check_root_keys(data: Mapping) -> None:
+    """No unknown root key (``+lr=0.1`` where ``optimizer.lr`` was meant)."""
+    unknown = sorted(set(data) - root_keys())
+    if unknown:
+        _fail(f"{unknown[0]} is not a known root option; allowed: {sorted(root_keys())}")
 
 
 def validate_values(cfg: DictConfig) -> None:
@@ -281,6 +323,7 @@ def validate_values(cfg: DictConfig) -> None:
     data = OmegaConf.to_container(cfg, resolve=True)
     data.pop("hydra", None)
     check_targets(data)
+    check_root_keys(data)
     check_finite(data)
     check_group_keys(data)
     check_ranges(data)

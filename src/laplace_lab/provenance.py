@@ -77,11 +77,15 @@ def _key(token: str) -> str:
     return token.split("=", 1)[0].lstrip("+~")
 
 
+LAUNCH_KEYS = ("experiment", "hydra/sweeper")  # run-only, yet they tell two launch commands apart
+
+
 def is_run_only(key: str) -> bool:
     """True for override keys that do not change a run's result (``sweeps.run_only.is_run_only``:
-    run-only keys, Hydra's groups such as the launcher), except the preset choice ``experiment``,
-    which tells two launch commands apart."""
-    return run_only.is_run_only(key) and _key(key).split(".", 1)[0] != "experiment"
+    run-only keys, Hydra's groups such as the launcher), except the preset choice ``experiment`` and
+    the sweeper choice ``hydra/sweeper`` (an Optuna and a grid search are two launches)."""
+    key = _key(key)
+    return run_only.is_run_only(key) and key.split(".", 1)[0] not in LAUNCH_KEYS and key not in LAUNCH_KEYS
 
 
 def normalized_tokens(command: str) -> tuple[str, ...]:

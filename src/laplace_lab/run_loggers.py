@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from laplace_lab import quiet_logs
 from laplace_lab.csv_metrics import CSVMetricsLogger
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ def build_loggers(cfg: DictConfig, output_dir: Path, plain: bool = False) -> lis
                 config=flatten_config(cfg),
             )
         )
+        quiet_logs.drop_wandb_anonymous(loggers[-1])
     return loggers
 
 

@@ -3,15 +3,18 @@
     python -m laplace_lab.tables outputs/<experiment>/multirun --name <name> \
         [--metrics test/map/acc test/la/nll] [--group-by model curvature] [--seed-keys seed data.split] \
         [--figures reliability] [--results-dir DIR | --commit-results] [--preset P] [--reference FILE] \
-        [--allow-mixed] [--allow-mixed-launches]
+        [--allow-mixed] [--allow-mixed-launches] [--allow-smaller]
 
 Tables go to the (first) multirun folder unless ``--results-dir``; only ``--commit-results``
-writes into the repository's ``results/``. The jobs must come from one clean commit (no
+writes into the repository's ``results/`` (a ``--results-dir`` under it is refused), and it refuses
+to replace a committed table by one with fewer jobs, seeds or rows unless ``--allow-smaller``
+(``table_commit``). The jobs must come from one clean commit (no
 modified, untracked, or ignored package files at job start) that contains
 ``conf/experiment/<preset>.yaml``, and from one launch command (less run-only overrides), or the
 command refuses: ``--allow-mixed`` / ``--allow-mixed-launches`` write anyway, with the problems in
 the header and the commit of every row. Non-finite metric values are left out of the cells (and
-counted, per run), unreadable job files are listed, and two jobs with the same overrides (less
+counted, per run; an integer too large for a float counts as inf), unreadable job files are listed,
+so are the failed and unfinished jobs left out (with their state and error), and two jobs with the same overrides (less
 run-only keys) are refused. With a preset, ``experiments/*/reference.yaml`` files of that preset
 add a "Reference numbers" section (``laplace_lab.reference``). A metric named ``mean(<pattern>)``
 is computed per job from its logged metrics (``laplace_lab.derived_metrics``), e.g.
@@ -62,6 +65,7 @@ import yaml
 
 from laplace_lab import reference as ref
 from laplace_lab.derived_metrics import add_derived
+from laplace_lab.io.atomic import write_text_atomic
 from laplace_lab.model_selection import rank_candidates, validate_spec
 from laplace_lab.model_selection import to_markdown as selection_markdown
 from laplace_lab.provenance import (
@@ -85,8 +89,10 @@ from laplace_lab.sweeps.status import (
     device_texts,
     hardware,
     last_launch_id,
+    read_json_file,
 )
 from laplace_lab.sweeps.status import job_seconds as status_job_seconds
+from laplace_lab.table_commit import TableShape, check_replacement, seed_set
 from laplace_lab.table_figures import TABLE_FIGURES
 from laplace_lab.table_figures import draw as draw_table_figure
 
@@ -141,6 +147,7 @@ class Loaded:
     runs: list[Run]
     unreadable: list[tuple[Path, str]]  # (job folder, why)
     not_finished: int                   # folders with a running / failed marker (not runs)
+    left_out: list[tuple[Path, str]] = field(default_factory=list)  # (job folder, its state and why)
 
 
 def _text(value: Any) -> str:
@@ -192,17 +199,25 @@ def _load_yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text()) if path.is_file() else None
 
 
-def _read_json(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(object, None), or (None, why it cannot be used)."""
+def as_float(value: int | float) -> float:
+    """A metric as a float; an integer too large for one (``10**400``) as +-inf, which the table then
+    leaves out of its cells and lists as non-finite."""
     try:
-        data = json.loads(path.read_text())
-    except OSError as err:
-        return None, f"{path.name} cannot be read ({err})"
-    except ValueError as err:
-        return None, f"{path.name} is not valid JSON ({err})"
-    if not isinstance(data, dict):
-        return None, f"{path.name} is not a JSON object"
-    return data, None
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
+def not_finished_reason(job_dir: Path) -> str:
+    """Why a job folder with a marker is not a finished run: its state, and the error of a failed one."""
+    status = json.loads((job_dir / STATUS_FILE).read_text())
+    state = status.get("state")
+    if state == "failed":
+        signal = status.get("interrupted")
+        return f"failed ({'interrupted by ' + signal if signal else status.get('error') or 'no error recorded'})"
+    if state == "running":
+        return "unfinished (state running: still running, or killed before its end)"
+    return f"state {state!r}"
 
 
 def load_run(job_dir: Path) -> tuple[Run | None, str | None]:
@@ -210,14 +225,14 @@ def load_run(job_dir: Path) -> tuple[Run | None, str | None]:
     file of the job cannot be read."""
     status = None
     if (job_dir / STATUS_FILE).exists():
-        status, error = _read_json(job_dir / STATUS_FILE)
+        status, error = read_json_file(job_dir / STATUS_FILE)
         if error:
             return None, error
         if status.get("state") != "finished":
             return None, None
     if not (job_dir / "metrics.json").is_file():
         return None, f"{STATUS_FILE} says finished but metrics.json is missing"
-    metrics, error = _read_json(job_dir / "metrics.json")
+    metrics, error = read_json_file(job_dir / "metrics.json")
     if error:
         return None, error
     try:
@@ -229,7 +244,7 @@ def load_run(job_dir: Path) -> tuple[Run | None, str | None]:
     exclude = (((hydra_cfg.get("job") or {}).get("config") or {}).get("override_dirname") or {}).get("exclude_keys")
     return Run(
         path=job_dir,
-        metrics={k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
+        metrics={k: as_float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
         overrides=overrides,
         choices=dict((hydra_cfg.get("runtime") or {}).get("choices") or {}),
         config=config,
@@ -253,6 +268,9 @@ def load_runs(sweep_dirs: list[Path], launch_id: str | None = None) -> Loaded:
                 log.warning("Left out job %s: %s", job_dir, error)
             elif run is None:
                 loaded.not_finished += 1
+                why = not_finished_reason(job_dir)
+                loaded.left_out.append((job_dir, why))
+                log.warning("Left out job %s: %s", job_dir, why)
             elif launch_id is None or last_launch_id(run.status) == launch_id:
                 loaded.runs.append(run)
     return loaded
@@ -495,10 +513,13 @@ def problems_markdown(loaded: Loaded, nonfinite: list[tuple[Path, str, float]], 
     lines = []
     if nonfinite:
         lines += ["", "## Non-finite values (left out of the cells above)", ""]
-        lines += [f"- `{_relative(p, sweep_dirs)}`: {m} = {v}" for p, m, v in nonfinite]
+        lines += [f"- `{_relative(p, sweep_dirs)}`: {_md(m)} = {v}" for p, m, v in nonfinite]
     if loaded.unreadable:
         lines += ["", "## Job folders left out (unreadable files)", ""]
         lines += [f"- `{_relative(p, sweep_dirs)}`: {why}" for p, why in loaded.unreadable]
+    if loaded.left_out:
+        lines += ["", "## Jobs left out (not finished)", ""]
+        lines += [f"- `{_relative(p, sweep_dirs)}`: {_md(why)}" for p, why in loaded.left_out]
     return lines
 
 
@@ -517,12 +538,20 @@ def to_markdown(name: str, rows: list[dict[str, Any]], group_by: list[str], metr
              " (NaN / inf values are left out and counted).", ""]
     mixed = bool(prov["problems"])
     columns = [*group_by, "n", *(["commits"] if mixed else []), *metrics]
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines = ["| " + " | ".join(_md(c) for c in columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         cells = [str(row[k]) for k in group_by] + [str(row["n"])] + ([row["commits"]] if mixed else [])
         cells += [_cell(row, m) for m in metrics]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        lines.append("| " + " | ".join(_md(c) for c in cells) + " |")
     return "\n".join(head + lines) + "\n"
+
+
+MD_ESCAPES = {"\\": "\\\\", "|": "\\|", "`": "\\`", "&": "&amp;", "<": "&lt;", ">": "&gt;"}
+
+
+def _md(text: str) -> str:
+    """``text`` for a markdown table cell: ``|`` cannot split the table and HTML shows as text."""
+    return "".join(MD_ESCAPES.get(c, c) for c in str(text))
 
 
 def to_csv(name: str, rows: list[dict[str, Any]], group_by: list[str], metrics: list[str],
@@ -596,7 +625,7 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
               model_selection: dict[str, Any] | None = None, preset: str | None = None,
               reference: str | Path | None = None, commit_results: bool = False, allow_mixed: bool = False,
               allow_mixed_launches: bool = False, launch_id: str | None = None,
-              absent_metrics: str = "error") -> list[Path]:
+              absent_metrics: str = "error", allow_smaller: bool = False) -> list[Path]:
     """Write ``<name>.md``, ``<name>.csv`` and ``<name>.jobs.csv`` from the finished runs; returns them.
 
     ``results_dir``: default the first sweep folder; ``commit_results`` writes into
@@ -609,7 +638,10 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     ``allow_mixed_launches``), or when a job appears twice. ``launch_id``: only that launch's jobs.
     ``absent_metrics``: what a metric that no run has does: ``"error"`` (a ValueError naming the
     metrics the runs have) or ``"omit"`` (left out of the table and named under it: a partial sweep,
-    e.g. one data set of a preset whose metrics cover two).
+    e.g. one data set of a preset whose metrics cover two). ``allow_smaller``: let ``commit_results``
+    replace a committed table by one with fewer jobs, seeds or rows (``table_commit``). The three
+    files are written atomically, after all three are rendered; figures of a requested name that
+    this table no longer has are removed from ``<name>_figures/``.
     """
     if absent_metrics not in ABSENT_METRICS:
         raise ValueError(f"absent_metrics={absent_metrics!r}; allowed: {list(ABSENT_METRICS)}")
@@ -619,9 +651,9 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     if commit_results and results_dir is not None:
         raise ValueError("give either results_dir (--results-dir) or commit_results (--commit-results), not both")
     out = COMMITTED_RESULTS if commit_results else Path(results_dir) if results_dir is not None else dirs[0]
-    if not commit_results and out.resolve() == COMMITTED_RESULTS.resolve():
+    if not commit_results and out.resolve().is_relative_to(COMMITTED_RESULTS.resolve()):
         raise ValueError(f"{out} holds the committed tables: write there only with --commit-results "
-                         "(commit_results=True); by default tables go to the sweep folder")
+                         "(commit_results=True), into results/ itself; by default tables go to the sweep folder")
     references = _references(preset, reference)
     seeds = tuple(DEFAULT_SEED_KEYS if seed_keys is None else seed_keys)
     loaded = load_runs(dirs, launch_id)
@@ -638,8 +670,9 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     launch_issues = launch_problems(runs, launches)
     if commit_issues and not allow_mixed:
         raise ProvenanceError(f"refusing to write table {name!r}: " + "; ".join(commit_issues)
-                              + ". Rerun the jobs from one clean commit, or pass --allow-mixed (allow_mixed=True): "
-                              "the table then names the commit of every row.")
+                              + ". Rerun the jobs from one clean commit (a relaunch skips finished jobs: launch into "
+                              "a new folder with hydra.sweep.dir=..., or delete the jobs' folders first), or pass "
+                              "--allow-mixed (allow_mixed=True): the table then names the commit of every row.")
     if launch_issues and not allow_mixed_launches:
         raise ProvenanceError(f"refusing to write table {name!r}: " + "; ".join(launch_issues)
                               + ". Aggregate each launch's sweep folder separately, or pass --allow-mixed-launches.")
@@ -659,9 +692,14 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     for path, metric, value in nonfinite:
         log.warning("Non-finite %s = %s in %s: left out of table %s", metric, value, path, name)
     prov = provenance(runs, dirs, seeds, launches, commit_issues, preset, launch_issues)
+    if commit_results:  # before anything is written
+        shape = TableShape(jobs=len(runs), seeds=seed_set(r["seeds"] for r in rows), columns=tuple(keys),
+                           rows=frozenset(tuple(str(r[k]) for k in keys) for r in rows))
+        check_replacement(out, name, shape, allow_smaller)
     out.mkdir(parents=True, exist_ok=True)
     md, csv_path, jobs_path = out / f"{name}.md", out / f"{name}.csv", out / f"{name}.jobs.csv"
     copied = copy_figures(runs, keys, list(figures or ()), seeds, out / f"{name}_figures")
+    remove_stale_figures(out / f"{name}_figures", list(figures or ()), [p for _, _, p in copied])
     sections = [*verdict_lines, *problems_markdown(loaded, nonfinite, dirs), *absent_markdown(unknown)]
     if model_selection is not None:
         sections += selection_markdown(rank_candidates(runs, model_selection, seeds), model_selection)
@@ -669,10 +707,25 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
         sections += ["", "## Figures (first seed of each group; all groups: drawn from every seed)", ""]
         sections += [f"![{label}: {fig}]({p.parent.name}/{p.name})" for label, fig, p in copied]
     text = to_markdown(name, rows, keys, names, prov) + ("\n".join(sections) + "\n" if sections else "")
-    md.write_text(text)
-    csv_path.write_text(to_csv(name, rows, keys, names, prov))
-    jobs_path.write_text(jobs_csv(name, runs, keys, names, prov, dirs))
+    contents = {md: text, csv_path: to_csv(name, rows, keys, names, prov),
+                jobs_path: jobs_csv(name, runs, keys, names, prov, dirs)}
+    for path, content in contents.items():  # rendered first, then each file replaced whole
+        write_text_atomic(path, content)
     return [md, csv_path, jobs_path]
+
+
+def remove_stale_figures(folder: Path, figures: list[str], written: list[Path]) -> list[Path]:
+    """Remove the figures of the requested names (``<label>__<fig>.png``, ``<fig>.png``) in ``folder``
+    that this table did not write: rows it no longer has. Returns them."""
+    if not folder.is_dir() or not figures:
+        return []
+    keep = {p.resolve() for p in written}
+    stale = [p for p in sorted(folder.glob("*.png")) if p.resolve() not in keep
+             and (p.stem in figures or any(p.stem.endswith(f"__{fig}") for fig in figures))]
+    for path in stale:
+        path.unlink()
+        log.warning("Removed %s: a figure of a row this table no longer has", path)
+    return stale
 
 
 def aggregate_sweep(sweep_dir: str | Path, spec: dict[str, Any], launch_id: str | None = None,
@@ -742,6 +795,8 @@ def main(argv: list[str] | None = None) -> None:
                         "names the commit of every row)")
     p.add_argument("--allow-mixed-launches", action="store_true",
                    help="write although the jobs were launched by different commands")
+    p.add_argument("--allow-smaller", action="store_true",
+                   help="with --commit-results: replace a committed table by one with fewer jobs, seeds or rows")
     p.add_argument("--figures", nargs="+", default=None, help="figure names (figures/<name>.png) to copy")
     args = p.parse_args(argv)
     try:
@@ -756,7 +811,8 @@ def main(argv: list[str] | None = None) -> None:
                           args.seed_keys or spec.get("seed_keys") or list(DEFAULT_SEED_KEYS), args.results_dir,
                           args.figures or spec.get("figures"), spec.get("model_selection"), preset=args.preset,
                           reference=args.reference, commit_results=args.commit_results,
-                          allow_mixed=args.allow_mixed, allow_mixed_launches=args.allow_mixed_launches)
+                          allow_mixed=args.allow_mixed, allow_mixed_launches=args.allow_mixed_launches,
+                          allow_smaller=args.allow_smaller)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"python -m laplace_lab.tables: error: {err}")
     for path in paths:

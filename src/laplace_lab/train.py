@@ -24,18 +24,30 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from omegaconf import DictConfig, OmegaConf
 
+from laplace_lab import quiet_logs
 from laplace_lab.config_validation import HELD_OUT_VALIDATION, validate_config
 from laplace_lab.data.base import LabDataModule
+from laplace_lab.data.split_checks import check_nonempty
+from laplace_lab.eta import PhaseLog, attached_to_terminal
+from laplace_lab.evaluation.config import check_landscape_run
 from laplace_lab.evaluation.config import validate_config as validate_evaluation_config
+from laplace_lab.io.atomic import write_text_atomic
 from laplace_lab.run_loggers import build_loggers, finish_loggers
+from laplace_lab.safe_targets import check_targets, guard_hydra_callbacks
 from laplace_lab.sweeps.devices import check_accelerator
 from laplace_lab.sweeps.jobs import record_devices, run_tracked
+from laplace_lab.sweeps.signals import exit_on_interrupt
 from laplace_lab.training import ensemble, loop_choice, map_cache
+from laplace_lab.training.epoch_eta import EpochETA
 from laplace_lab.training.module import MAPCore
 from laplace_lab.training.online_marglik import OnlineMarglikCore
 from laplace_lab.training.plain_loop import PlainTrainer, resolve_device, seed_everything
 from laplace_lab.training.posthoc import fit_posthoc_laplace, laplace_kwargs, needs_posthoc_laplace
-from laplace_lab.training.predictors import laplace_predictor, map_predictor
+from laplace_lab.training.predictors import (
+    het_approx_alternatives,
+    laplace_predictor,
+    map_predictor,
+)
 from laplace_lab.training.resume import (
     check_resume,
     checkpoint_dir,
@@ -46,8 +58,10 @@ from laplace_lab.training.resume import (
 )
 
 log = logging.getLogger(__name__)
+quiet_logs.install()  # third-party tips and known-harmless warnings, before Hydra composes the config
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 CONFIG_ERRORS = (ValueError, FileNotFoundError)  # what validation and our constructors raise on bad input
+guard_hydra_callbacks()  # hydra.callbacks.* targets are checked against the allowlist before Hydra builds them
 
 
 @contextmanager
@@ -94,7 +108,10 @@ def _uses_augmentation(cfg: DictConfig) -> bool:
 
 def build(cfg: DictConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPCore]:
     """Instantiate the data module and the training module (no training yet): a ``MAPModule``
-    (LightningModule) for ``loop="lightning"``, a ``MAPCore`` for the plain loop."""
+    (LightningModule) for ``loop="lightning"``, a ``MAPCore`` for the plain loop. Every ``_target_`` of
+    ``cfg`` is checked against the allowlist first (``safe_targets``): callers rebuild jobs from
+    their ``config_resolved.yaml`` through here."""
+    check_targets(cfg)
     if loop == "lightning":  # imported before the data module, which is then a LightningDataModule (data.base)
         from laplace_lab.training.module import MAPModule as module_class
     else:
@@ -103,6 +120,13 @@ def build(cfg: DictConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPC
     likelihood = resolve_likelihood(cfg, datamodule)
     n_out = datamodule.num_outputs * (2 if likelihood == "heteroscedastic_regression" else 1)
     model = instantiate(cfg.model)(input_shape=datamodule.input_shape, num_outputs=n_out)
+    if likelihood == "heteroscedastic_regression":  # het_head: the link of the noise precision
+        from laplace_lab.models.het_head import with_het_head
+
+        model = with_het_head(model, cfg.get("het_head", "softplus"))
+    dtype = getattr(datamodule, "dtype", torch.float32)
+    if dtype != torch.float32:  # data.dtype=float64: the network computes in the data's precision
+        model = model.to(dtype)
     if _uses_augmentation(cfg):  # augmentation/: logits averaged over transforms
         from laplace_lab.training.augmentation import wrap_model
 
@@ -121,6 +145,7 @@ def build(cfg: DictConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPC
         on_nonfinite_loss=cfg.on_nonfinite_loss,
         loss_scale=cfg.map_loss_scale,
     )
+    check_nonempty(datamodule, f"data {cfg.data.get('_target_')}")  # set up by n_train above; before any training
     return datamodule, module
 
 
@@ -152,7 +177,20 @@ def build_callbacks(cfg: DictConfig, output_dir: Path, loop: str = "lightning") 
         ))
     if cfg.checkpoint.enabled:  # last.ckpt, plus the best by checkpoint.monitor if set
         callbacks += checkpoint_callbacks(cfg, output_dir)
+    callbacks.append(epoch_eta(output_dir, loop))
     return callbacks
+
+
+def epoch_eta(output_dir: Path, loop: str = "lightning"):
+    """The remaining-training-time hook (``training.epoch_eta``) of the training in ``output_dir``
+    (a ``map_grid`` point, its refit or an ensemble member is named by its subfolder)."""
+    name = output_dir.name
+    label = f"MAP training ({name})" if name.startswith(("grid_", "member_", REFIT_NAME)) else "MAP training"
+    if loop == "lightning":
+        from laplace_lab.training.lightning_classes import EpochETACallback as eta_class
+    else:
+        eta_class = EpochETA
+    return eta_class(output_dir, label)
 
 
 def checkpoint_callbacks(cfg: DictConfig, output_dir: Path) -> list:
@@ -174,28 +212,46 @@ def checkpoint_callbacks(cfg: DictConfig, output_dir: Path) -> list:
 
 
 def evaluate(cfg: DictConfig, module: MAPCore, datamodule: LabDataModule, la, loggers, output_dir: Path,
-             step: int, extra_predictors: dict | None = None) -> dict[str, float]:
+             step: int, extra_predictors: dict | None = None, on_eta=None) -> dict[str, float]:
     """MAP and (if fitted) Laplace predictives side by side, through ``laplace_lab.evaluation``;
     ``extra_predictors`` (e.g. the ensemble's ``de`` / ``mola``) are evaluated beside them. FGSM
-    attacks ``module.model`` (for an ensemble: member 0)."""
+    attacks ``module.model`` (for an ensemble: member 0). Progress bars only on a terminal;
+    ``on_eta(seconds)`` receives the evaluation's estimate of its remaining time."""
     predictors = {"map": map_predictor(module)}
     if la is not None:
         predictors["la"] = laplace_predictor(la, cfg.predictive)
+        predictors.update(het_approx_alternatives(la, cfg.predictive))
     predictors.update(extra_predictors or {})
     task = "classification" if module.likelihood == "classification" else "regression"
     is_toy2d = task == "classification" and tuple(datamodule.input_shape) == (2,)
     # imported here: pandas and matplotlib load when a run evaluates
+    from laplace_lab.evaluation.landscape import LandscapeInputs
     from laplace_lab.evaluation.runner import run_evaluation
 
+    landscape = None  # the loss landscape around the MAP beside la's Gaussian (evaluation.landscape)
+    if la is not None and OmegaConf.select(cfg, "evaluation.landscape.enabled", default=False):
+        landscape = LandscapeInputs(la, datamodule.train_set, datamodule.test_set)
+
+    eval_cfg = cfg.evaluation
+    if eval_cfg.get("progress") and not attached_to_terminal():  # one line per section instead
+        eval_cfg = OmegaConf.merge(eval_cfg, {"progress": False})
     return run_evaluation(
-        cfg.evaluation, task, predictors, datamodule.test_dataloader(), ood_loaders=datamodule.ood_dataloaders(),
+        eval_cfg, task, predictors, datamodule.test_dataloader(), ood_loaders=datamodule.ood_dataloaders(),
         attack_model=module.model, out_dir=output_dir, logger=loggers,
         target_mean=datamodule.target_mean if datamodule.target_mean is not None else 0.0,
         target_std=datamodule.target_std if datamodule.target_std is not None else 1.0,
         dataset=getattr(datamodule, "name", None), data_dir=cfg.paths.data_dir,
         input_range=datamodule.input_range, toy_data=datamodule.train_set.tensors if is_toy2d else None,
-        step=step,
+        step=step, landscape=landscape, on_eta=on_eta, label=run_label(cfg, module.likelihood),
     )
+
+
+def run_label(cfg: DictConfig, likelihood: str) -> str:
+    """``toy2d moons; Laplace: last-layer KFAC-GGN, GLM predictive (MC)``: written on every figure."""
+    from laplace_lab.evaluation.labels import dataset_label, laplace_label
+
+    bayes = f"; Laplace: {laplace_label(cfg, likelihood)}" if needs_posthoc_laplace(cfg) else ""
+    return f"{dataset_label(cfg.data)}{bayes}"
 
 
 def make_trainer(cfg: DictConfig, output_dir: Path, loggers, callbacks, loop: str):
@@ -204,11 +260,13 @@ def make_trainer(cfg: DictConfig, output_dir: Path, loggers, callbacks, loop: st
         t = cfg.trainer
         return PlainTrainer(t.max_epochs, resolve_device(t.get("accelerator", "auto")), loggers, callbacks,
                             log_every_n_steps=t.get("log_every_n_steps", 50),
-                            enable_progress_bar=t.get("enable_progress_bar", True),
+                            enable_progress_bar=t.get("enable_progress_bar", True) and attached_to_terminal(),
                             check_val_every_n_epoch=t.get("check_val_every_n_epoch", 1))
     import pytorch_lightning as pl
 
-    return pl.Trainer(**loop_choice.trainer_kwargs(cfg), logger=loggers, default_root_dir=str(output_dir),
+    kwargs = loop_choice.trainer_kwargs(cfg)  # progress bars only on a terminal: epoch lines (EpochETA) otherwise
+    kwargs["enable_progress_bar"] = kwargs.get("enable_progress_bar", True) and attached_to_terminal()
+    return pl.Trainer(**kwargs, logger=loggers, default_root_dir=str(output_dir),
                       callbacks=callbacks, enable_checkpointing=cfg.checkpoint.enabled)
 
 
@@ -251,7 +309,8 @@ def train_map(cfg: DictConfig, output_dir: Path, loggers, loop: str | None = Non
         if loop == "plain":  # (a run resuming from a checkpoint is never plain: loop_choice)
             trainer.fit(module, datamodule)
         else:
-            trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
+            # (check_resume read the checkpoint with weights_only=True already; Lightning reads it the same way)
+            trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
         map_cache.save(module, cached, map_cache.key_contents(cfg, datamodule) if cached else None)
         # with a resumed checkpoint: the earlier launches' training time up to it, plus this launch's
         metrics = {"time/fit_s": module.fit_seconds()}
@@ -414,17 +473,20 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
             from laplace_lab.training.augmentation import validate_augmentation_config
 
             validate_augmentation_config(cfg)
-        validate_evaluation_config(cfg.evaluation)
+        check_landscape_run(validate_evaluation_config(cfg.evaluation), cfg.curvature.hessian_structure,
+                            needs_posthoc_laplace(cfg))
         ensemble.validate_ensemble_config(cfg)
         validate_checkpoint_config(cfg)
         check_accelerator(cfg.trainer)
         loop = loop_choice.choose_loop(cfg)
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "config_resolved.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    write_text_atomic(output_dir / "config_resolved.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     set_cpu_modes(cfg)
     if ensemble.enabled(cfg) and cfg.ensemble.member is not None:  # train one member into the MAP cache
         return ensemble.run_member_job(cfg, output_dir, train_map)
     loggers = build_loggers(cfg, output_dir, plain=loop == "plain")
+    phases = PhaseLog(output_dir)
+    phases.start("MAP training", training_plan(cfg, loop))
     if cfg.map_grid:
         datamodule, module, trainer, metrics = train_map_grid(cfg, output_dir, loggers, loop)
     else:
@@ -436,32 +498,59 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
         metrics["hparams/sigma_noise"] = module.sigma_noise.item()
     la = None
     if needs_posthoc_laplace(cfg):
+        c = cfg.curvature
+        phases.start("Laplace fit", f"{c.subset_of_weights} {c.hessian_structure} {c.type}, one pass over the "
+                     f"{datamodule.n_train} training rows, then the prior by {cfg.marglik.get('posthoc_prior', 'none')}")
         la, la_metrics = fit_posthoc_laplace(cfg, module, datamodule)
         metrics.update(la_metrics)
     extra_predictors = None
     if ensemble.enabled(cfg):  # members 1..K-1 and the mixtures (member 0 is the network above)
+        phases.start("Ensemble members", f"{cfg.ensemble.size - 1} more networks, each trained like the first")
         extra_predictors, ensemble_metrics = ensemble.fit_members(cfg, output_dir, module, la, train_map)
         metrics.update(ensemble_metrics)
     for logger in loggers:
         logger.log_metrics(metrics, step=trainer.global_step)
     if cfg.evaluation.enabled:
+        phases.start("Evaluation", "an estimate of its time follows the test-set pass")
         start = time.perf_counter()
         metrics.update(evaluate(cfg, module, datamodule, la, loggers, output_dir, trainer.global_step,
-                                extra_predictors))
+                                extra_predictors, on_eta=phases.eta))
         log.info("Evaluation: %d metrics, %.1f s", len(metrics), time.perf_counter() - start)
         if module.likelihood != "classification":
             warn_if_underfit(metrics, train_target_std(datamodule))
     finish_loggers(loggers)
-    (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    write_text_atomic(output_dir / "metrics.json", json.dumps(metrics, indent=2))
     headline = {k: v for k, v in metrics.items() if k.startswith(("test/", "time/", "hparams/", "laplace/"))}
     print("Final metrics:\n" + "\n".join(f"  {k}: {v:.4f}" for k, v in headline.items()))
+    print_laplace_summary(cfg, metrics, module.likelihood)
+    phases.finish()
     check_final_metrics(metrics, output_dir / "metrics.json")
     return metrics
 
 
+def training_plan(cfg: DictConfig, loop: str) -> str:
+    """What the MAP training phase will run, for its start line."""
+    grid = f"{len(cfg.map_grid)} trainings (map_grid){' and a refit' if cfg.get('map_grid_refit') else ''} of " \
+        if cfg.map_grid else ""
+    return f"{grid}{cfg.trainer.max_epochs} epochs, {loop} loop; the remaining time is logged after the first epoch"
+
+
+def print_laplace_summary(cfg: DictConfig, metrics: dict[str, float], likelihood: str) -> None:
+    """Print what the Laplace predictive changed against the MAP (``evaluation.summary``), if both ran."""
+    from laplace_lab.evaluation.labels import dataset_label, laplace_label
+    from laplace_lab.evaluation.summary import format_summary
+
+    text = format_summary(metrics, laplace_label(cfg, likelihood), dataset_label(cfg.data),
+                          OmegaConf.select(cfg, "evaluation.ood.far_away_alpha"))
+    if text:
+        print(text)
+
+
+@exit_on_interrupt
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="train")
 def main(cfg: DictConfig) -> float:
     """One run; in a multirun, skips finished jobs and records failures (``laplace_lab.sweeps``).
+    SIGTERM / SIGINT mark the job failed and exit 128 + the signal number (``sweeps.signals``).
 
     Returns the sweep objective (``val/nll``), which the Optuna sweeper minimises.
     """

@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         entity = wandb.Api().default_entity
     workspace = build_workspace(entity or "<entity>", args.project, args.group, args.group_by, args.metrics, args.name)
     if args.dry_run is not None:
+        args.dry_run.parent.mkdir(parents=True, exist_ok=True)  # e.g. outputs/, which the repository ignores
         args.dry_run.write_text(json.dumps(describe(workspace), indent=1))
         print(f"Workspace spec written to {args.dry_run}")
         return 0

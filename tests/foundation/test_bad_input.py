@@ -107,8 +107,21 @@ def test_map_loss_without_prior_rejects_online_and_grid(extra, tmp_path, no_trai
         (["+marglik.typo=1"], r"marglik.typo is not a known option of the marglik group; allowed: \[.*'lr_hyp'"),
         (["data=uci", "+data.kind=moons"], r"data.kind is not a known option of the data group; allowed: \[.*'split'"),
         (["+optimizer.lrr=0.1"], r"optimizer.lrr is not a known option.*allowed: \[.*'lr'"),
-        (["model._target_=os.system"], r"model._target_='os.system' is not allowed; allowed: classes under \['laplace_lab."),
+        (["model._target_=os.system"], r"model._target_='os.system' is not allowed; allowed: \[.*'laplace_lab.models.MLP'"),
         (["++optimizer._target_=subprocess.Popen"], r"optimizer._target_='subprocess.Popen' is not allowed"),
+        (["data._target_=torch.load"], r"data._target_='torch.load' is not allowed"),
+        # unknown + keys at every level, out-of-range sizes, a checkpoint that does not exist
+        (["+lr=0.1"], r"lr is not a known root option; allowed: \[.*'optimizer'"),
+        (["+ensemble.sizee=3"], r"ensemble.sizee is not a known option of the ensemble group; allowed: \[.*'size'"),
+        (["augmentation=learned", "+augmentation.lrr=1"], r"augmentation.lrr is not a known option of the augmentation"),
+        (["model.widths=[0]"], r"model.widths\[0\] must be >= 1; got 0"),
+        (["model.widths=[50,-5]"], r"model.widths\[1\] must be >= 1; got -5"),
+        (["model=wrn16_4", "model.widen_factor=0"], r"model.widen_factor must be >= 1; got 0"),
+        (["data=toy2d", "data.n_train=1"], r"data.n_train=1 is too small for data.kind='moons', which has 2 classes"),
+        (["data=toy2d", "data.kind=blobs", "data.n_train=3"], r"data.n_train=3 is too small for data.kind='blobs'"),
+        (["data=mnist", "data.n_val=60000"], r"data.n_val=60000 is too large for mnist: .* allowed: 0..12000"),
+        (["data=fake_data", "data.n_val=26"], r"data.n_val=26 is too large for fake_data: .* allowed: 0..25"),
+        (["checkpoint.resume_from=/no/such/last.ckpt"], r"checkpoint.resume_from='/no/such/last.ckpt' does not exist"),
     ],
 )
 def test_invalid_values_fail_before_data(overrides, pattern, tmp_path, no_training, monkeypatch):
@@ -120,11 +133,14 @@ def test_invalid_values_fail_before_data(overrides, pattern, tmp_path, no_traini
 
 
 def test_known_extra_keys_are_accepted(tmp_path):
-    """Keys that the target takes (``+trainer.check_val_every_n_epoch``, ``+optimizer.betas``) pass."""
+    """Keys that the target takes (``+trainer.check_val_every_n_epoch``, ``+optimizer.betas``) pass, and
+    so do the documented root key ``+sweep_objective`` and an augmentation range under ``init``."""
     from laplace_lab.config_validation import validate_config
 
     validate_config(compose_config(["+trainer.check_val_every_n_epoch=5", "+optimizer.betas=[0.9,0.99]",
                                     "marglik=online", "+marglik.evidence_point=weights"]))
+    validate_config(compose_config(["+sweep_objective=test/map/nll", "augmentation=fixed", "data=mnist",
+                                    "+augmentation.init.translate_x=0.1"]))
 
 
 # --- bad data: each error names the file (and row) ------------------------------------------
@@ -221,3 +237,15 @@ def test_empty_validation_split_passes_the_data_checks():
 
     dm = SinusoidDataModule(n_val=0)
     assert dm.n_train > 0
+
+
+def test_uci_dtype_float64_and_bad_dtype(uci_copy):
+    import torch
+
+    from laplace_lab.data import UCIDataModule
+
+    dm = UCIDataModule(name="yacht", split=0, data_dir=str(uci_copy), dtype="float64")
+    assert dm.train_set.tensors[0].dtype == torch.float64 and dm.test_set.tensors[1].dtype == torch.float64
+    assert dm.target_std.dtype == torch.float64
+    with pytest.raises(ValueError, match=r"data.dtype='float16' is not supported; allowed: \['float32', 'float64'\]"):
+        UCIDataModule(name="yacht", split=0, data_dir=str(uci_copy), dtype="float16")

@@ -17,8 +17,10 @@ from laplace_lab.training.schedules import scheduler_interval
 from tests.conftest import CONF_DIR, compose_config
 
 # hydra/launcher options need the optional launcher plugins; they are tested in their own module.
+# data_recipe/ is chosen by the data option (train.yaml: `optional data_recipe: ${data}`), tested below.
 GROUPS = sorted(
-    p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "experiment") and any(p.glob("*.yaml"))
+    p.name for p in CONF_DIR.iterdir()
+    if p.is_dir() and p.name not in ("hydra", "experiment", "data_recipe") and any(p.glob("*.yaml"))
 )
 OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF_DIR / g).glob("*.yaml"))]
 LOCAL_DATA = {"toy2d", "sinusoid", "fake_data"}
@@ -36,6 +38,15 @@ def test_option_composes(group, option):
         assert cfg.method_name == option
     else:
         assert group in cfg
+
+
+@pytest.mark.parametrize("recipe", sorted(f.stem for f in (CONF_DIR / "data_recipe").glob("*.yaml")))
+def test_data_recipes_follow_their_data_option(recipe):
+    """A recipe applies with its data option; presets and the command line override it."""
+    assert (CONF_DIR / "data" / f"{recipe}.yaml").is_file()
+    root, cfg = compose_config(["data=mnist"]), compose_config([f"data={recipe}"])
+    assert (cfg.optimizer.lr, cfg.trainer.max_epochs) != (root.optimizer.lr, root.trainer.max_epochs)
+    assert compose_config([f"data={recipe}", "trainer.max_epochs=3"]).trainer.max_epochs == 3
 
 
 def test_experiment_presets_compose():

@@ -66,7 +66,8 @@ def test_seed_zero_is_reproducible(tmp_path):
 
 def test_wandb_offline_and_csv(tmp_path):
     cfg = compose_config(["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.log_every_n_steps=1",
-                          "trainer.enable_progress_bar=false", "logger=default", "logger.wandb.mode=offline"])
+                          "trainer.enable_progress_bar=false", "logger=default", "logger.wandb.mode=offline",
+                          "logger.wandb.enabled=true"])  # (data_recipe/toy2d.yaml logs CSV only)
     run(cfg, tmp_path)
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1

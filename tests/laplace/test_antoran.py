@@ -94,6 +94,37 @@ def test_linear_mode_of_a_linear_model_is_its_map(likelihood, structure):
 
 
 @pytest.mark.parametrize("likelihood", ["regression", "classification"])
+def test_grad_residual_measures_the_distance_to_the_linear_mode(likelihood):
+    """The result's grad_residual is ||grad L(theta*)|| / ||grad L(theta_hat)||: ~0 after a converged
+    solve, and for a solve cut to one CG product (diag preconditioner: inexact) equal to the same ratio
+    of the gradients of the independent MAP objective (the linear model is the network here)."""
+    X, y, loader = _data(likelihood, seed=2)
+    torch.manual_seed(2)
+    sigma, delta = (0.7 if likelihood == "regression" else 1.0), 0.5
+    base = nn.Linear(3, 2).to(DT)
+
+    def fitted(structure):
+        la = Laplace(copy.deepcopy(base), likelihood, subset_of_weights="all", hessian_structure=structure,
+                     prior_precision=delta, sigma_noise=sigma)
+        la.fit(loader)
+        return la
+
+    res = fit_linear_mode(fitted("full"), loader, optimize_prior=False)
+    assert res.final_solve_converged and res.grad_residual < 1e-6
+    cut = fit_linear_mode(fitted("diag"), loader, optimize_prior=False, max_newton=1, cg_max_iter=1)
+
+    def grad_norm(theta):
+        model = copy.deepcopy(base)
+        torch.nn.utils.vector_to_parameters(theta, model.parameters())
+        g = torch.autograd.grad(_neg_log_joint(model, X, y, likelihood, delta, sigma), list(model.parameters()))
+        return torch.cat([t.reshape(-1) for t in g]).norm()
+
+    ref = grad_norm(cut.theta_star) / grad_norm(_flat(base))
+    assert not cut.final_solve_converged and cut.grad_residual > 1e-3
+    torch.testing.assert_close(torch.tensor(cut.grad_residual, dtype=DT), ref, atol=1e-10, rtol=1e-6)
+
+
+@pytest.mark.parametrize("likelihood", ["regression", "classification"])
 def test_linear_mode_evidence_equals_evidence_at_map_weights(likelihood):
     """Linearised at the MAP weights of a linear model, the linear mode is the MAP and both
     evidences agree, for any curvature; the joint (theta*, delta*) is a MAP / evidence optimum."""

@@ -143,6 +143,37 @@ def test_heteroscedastic_parts_are_the_linearised_mean_and_map_noise(structure, 
     torch.testing.assert_close(v_map, alea_ref)
 
 
+@pytest.mark.parametrize("structure", ["full", "kron"])
+def test_heteroscedastic_natural_linearises_eta1_alone(structure):
+    """het_approx='natural' (Immer et al. 2023's reported predictive): mean and aleatoric part as
+    'mean', epistemic = s^2 J_eta1 Sigma J_eta1^T with s = -1 / (2 eta2) at the MAP (dense float64)."""
+    model, X, la = _setup("mlp", "heteroscedastic_regression", structure, "all")
+    f = model_fn(model, la)
+    J1 = jacrev(lambda th: f(th, X)[:, :2])(la.mean)  # eta1's Jacobian [N, D, P]
+    out_map = f(la.mean, X)
+    s = -1 / (2 * -F.softplus(out_map[:, 2:]))
+    epi_ref = s[:, :, None] * (J1 @ _dense_sigma(la) @ J1.transpose(1, 2)) * s[:, None, :]
+    natural = la(X, return_parts=True, het_approx="natural")
+    mean = la(X, return_parts=True)
+    torch.testing.assert_close(natural.mean, mean.mean)
+    torch.testing.assert_close(natural.aleatoric, mean.aleatoric)
+    torch.testing.assert_close(natural.epistemic, epi_ref.diagonal(dim1=1, dim2=2))
+    assert not torch.allclose(natural.epistemic, mean.epistemic)  # the two closed forms differ
+    joint = la(X, joint_outputs=True, return_parts=True, het_approx="natural")
+    torch.testing.assert_close(joint.epistemic, epi_ref)
+
+
+def test_het_approx_is_checked():
+    model, X, la = _setup("mlp", "heteroscedastic_regression", "full", "all")
+    with pytest.raises(ValueError, match="het_approx must be one of"):
+        la(X, het_approx="eta2")
+    with pytest.raises(ValueError, match="closed form of the glm predictive"):
+        la(X, link_approx="mc", het_approx="natural")
+    _, Xr, la_r = _setup("mlp", "regression", "full", "all")
+    with pytest.raises(ValueError, match="needs likelihood='heteroscedastic_regression'"):
+        la_r(Xr, het_approx="natural")
+
+
 def _probit_ref(f, fvar):
     return torch.softmax(f / torch.sqrt(1 + math.pi / 8 * fvar.diagonal(dim1=1, dim2=2)), -1)
 

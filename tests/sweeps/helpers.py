@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from laplace_lab.sweeps.run_only import sweep_dirname
+from laplace_lab.sweeps.run_only import sweep_dirname, sweeper_choice
 
 # Tiny jobs: one batch of train/val on generated 2-D data, no evaluation, CSV only.
 TINY = ["data=toy2d", "trainer=debug", "logger=csv", "evaluation=none"]
@@ -36,7 +36,8 @@ def multirun_command(tmp_path: Path, *overrides: str, script: str | None = None)
     args = ["-m", f"paths.output_root={tmp_path / 'out'}", *overrides]
     cmd = [sys.executable, script, *args] if script else [sys.executable, "-m", "laplace_lab.train", *args]
     name = next((o.split("=", 1)[1] for o in overrides if o.startswith("experiment_name=")), "default")
-    return cmd, tmp_path / "out" / name / sweep_dirname([o for o in overrides if not o.startswith("hydra")])
+    hydra = [o for o in overrides if o.startswith("hydra")]
+    return cmd, tmp_path / "out" / name / sweep_dirname([o for o in overrides if o not in hydra], sweeper_choice(hydra))
 
 
 def multirun(tmp_path: Path, *overrides: str, timeout: float = 240,

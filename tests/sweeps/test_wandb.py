@@ -24,7 +24,7 @@ def _history(records) -> dict:
 
 def test_offline_wandb_run_is_grouped_with_config_and_reliability_table(tmp_path):
     proc, sweep = multirun(tmp_path, "experiment_name=wbexp", "data=toy2d", "trainer=debug", "logger=default",
-                           "logger.wandb.tags=[sweep,ci]", "evaluation.ood.enabled=false",
+                           "logger.wandb.enabled=true", "logger.wandb.tags=[sweep,ci]", "evaluation.ood.enabled=false",
                            "evaluation.toy2d.enabled=false", "seed=0")
     assert proc.returncode == 0, proc.stderr[-3000:]
     (job,) = summary(sweep)["finished"]
@@ -35,7 +35,7 @@ def test_offline_wandb_run_is_grouped_with_config_and_reliability_table(tmp_path
     assert run.run_group == "wbexp" and run.job_type == "train" and list(run.tags) == ["sweep", "ci"]
     assert run.display_name == job
     config = {u.key: json.loads(u.value_json) for u in run.config.update}
-    assert config["experiment_name"] == "wbexp" and config["optimizer.lr"] == 1e-3 and config["seed"] == 0
+    assert config["experiment_name"] == "wbexp" and config["optimizer.lr"] == 1e-2 and config["seed"] == 0
     assert not any(isinstance(v, dict) for k, v in config.items() if k != "_wandb")  # flattened
 
     logged = _history(records)

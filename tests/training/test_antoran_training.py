@@ -90,7 +90,7 @@ def test_online_marglik_normgroups_writes_group_values():
 
 # ------------------------------------------------------------------------------- post-hoc
 POSTHOC = ["model.widths=[8,8]", "model.norm=batchnorm", "data.n_train=64", "curvature=full",
-           "marglik.linear_mode.n_outer=3", "torch_num_threads=1"]
+           "marglik.linear_mode.n_outer=3", "torch_num_threads=1", "predictive=glm_probit"]
 
 
 def _posthoc(overrides):

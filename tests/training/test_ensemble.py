@@ -124,7 +124,7 @@ def test_regression_ensemble_runs(tmp_path):
     (["method=mola", "ensemble.size=0"], r"ensemble.size must be a positive integer; got 0"),
     (["method=mola", "ensemble.size=2.5"], r"ensemble.size must be a positive integer"),
     (["method=mola", "ensemble.seed_stride=0"], r"ensemble.seed_stride must be a positive integer"),
-    (["method=mola", "ensemble.enabled=maybe"], r"ensemble.enabled must be true or false"),
+    (["method=mola", "ensemble.enabled=maybe"], r"ensemble.enabled=.maybe. has the wrong type: got a str; allowed: a bool"),
     (["method=la", "ensemble.member=0"], r"ensemble.member needs ensemble.enabled=true"),
     (["method=mola", "map_cache.enabled=true", "ensemble.member=5"], r"ensemble.member must be null or an integer in \[0, ensemble.size=5\)"),
     (["method=mola", "ensemble.member=1"], r"needs map_cache.enabled=true"),

@@ -70,7 +70,8 @@ def test_sinusoid_online_marglik_identical(extra, tmp_path):
     (["data=sinusoid", "logger=csv"], "plain"),
     (["data=uci", "logger=csv", "method=online_full"], "plain"),
     (["data=toy2d", "logger=csv", "trainer=cpu"], "plain"),
-    (["data=sinusoid"], "lightning"),  # the default logger group enables wandb
+    (["data=mnist"], "lightning"),  # the default logger group enables wandb (data_recipe/ turns it off for toy sets)
+    (["data=sinusoid", "logger.wandb.enabled=true"], "lightning"),
     (["data=sinusoid", "logger=csv", "checkpoint.enabled=true"], "lightning"),
     (["data=sinusoid", "logger=csv", "trainer.gradient_clip_val=1.0"], "lightning"),
     (["data=sinusoid", "logger=csv", "+trainer.accumulate_grad_batches=2"], "lightning"),

@@ -5,12 +5,14 @@
 - ``load_index(path, n_rows)``: 0-based row indices ``[k]`` into a table of ``n_rows`` rows.
 - ``check_finite(x, what, source)``: no ``nan`` / ``inf`` in a tensor; names the first bad row.
 - ``check_labels(y, n_classes, source)``: class labels in ``0..n_classes-1``.
-- ``check_idx_file(path)``: the header and size of an MNIST-style ``idx`` file (big-endian dims).
+- ``check_idx_file(path)``: the header (type byte included) and size of an MNIST-style ``idx`` file
+  (big-endian dims).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +39,9 @@ def load_table(path: Path) -> np.ndarray:
 def load_index(path: Path, n_rows: int) -> np.ndarray:
     """0-based row indices ``[k]`` from ``path``, each in ``0..n_rows-1``."""
     try:
-        values = np.loadtxt(path, ndmin=1)
+        with warnings.catch_warnings():  # an empty file: an empty index, which the split checks name
+            warnings.filterwarnings("ignore", message="loadtxt: input contained no data")
+            values = np.loadtxt(path, ndmin=1)
     except ValueError as err:
         raise ValueError(f"{path}: cannot be read as a list of row indices ({err})") from None
     bad = ~((values == np.round(values)) & (values >= 0) & (values < n_rows))
@@ -68,14 +72,19 @@ def check_labels(y: torch.Tensor, n_classes: int, source: str) -> None:
                          f"0..{n_classes - 1} ({n_classes} classes; {int(bad.sum())} labels affected)")
 
 
-def check_idx_file(path: Path) -> tuple[int, ...]:
-    """Validate an ``idx`` file's magic number and size; returns its dims."""
+def check_idx_file(path: Path, item_types: tuple[int, ...] = (0x08,)) -> tuple[int, ...]:
+    """Validate an ``idx`` file's magic number, type byte (``item_types``; the MNIST family stores
+    unsigned bytes, 0x08) and size; returns its dims."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         header = f.read(4)
         if len(header) < 4 or header[:2] != b"\x00\x00" or header[2] not in IDX_ITEM_SIZES or header[3] == 0:
             raise ValueError(f"{path}: not an idx file (bad magic number {header.hex() or 'empty'}); "
                              "the file is corrupt: delete it and download it again")
+        if header[2] not in item_types:
+            raise ValueError(f"{path}: idx type byte 0x{header[2]:02x} is not allowed here; allowed: "
+                             f"{', '.join(f'0x{t:02x}' for t in item_types)} (unsigned bytes, as in every MNIST-family "
+                             "file); the file is corrupt: delete it and download it again")
         ndim = header[3]
         raw = f.read(4 * ndim)
     if len(raw) < 4 * ndim:

@@ -14,6 +14,7 @@ from laplace_lab.data.base import LabDataModule
 from laplace_lab.data.checks import check_finite
 
 TOY2D_KINDS = ("linear", "moons", "circles", "blobs")
+TOY2D_CLASSES = {"linear": 2, "moons": 2, "circles": 2, "blobs": 4}  # labels: arange(n) % classes
 
 
 def make_toy2d(kind: str, n: int, noise: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

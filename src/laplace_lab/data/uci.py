@@ -5,6 +5,8 @@ Layout expected under ``<data_dir>/UCI/<name>/``: ``data.txt`` (whitespace-separ
 (0-based row indices) and ``n_splits.txt``. Inputs and targets are standardised with the
 statistics of the training part of the split (after the validation part is split off), so
 the likelihood's sigma is in standardised units; ``target_mean``/``target_std`` convert back.
+A split that leaks (test rows among the training rows, duplicate rows, the target among the
+features) or is empty fails when the module is built, naming the file (``split_checks``).
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ from torch.utils.data import TensorDataset
 
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.data.checks import load_index, load_table
+from laplace_lab.data.split_checks import check_uci_split
 
 UCI_DATASETS = (
     "boston-housing", "concrete", "energy", "kin8nm",
     "naval-propulsion-plant", "power-plant", "wine-quality-red", "yacht",
 )
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
 UCI_FILES = ("data.txt", "index_features.txt", "index_target.txt", "n_splits.txt")
 
 
@@ -33,14 +37,18 @@ class UCIDataModule(LabDataModule):
         split: index of the standard split, ``0 <= split < n_splits`` (20 for all 8 sets).
         data_dir: root data directory (the set lives in ``<data_dir>/UCI/<name>``).
         val_fraction: fraction of the split's training rows held out for validation.
+        dtype: ``float32`` or ``float64``, the tensors' precision (the network follows it).
     """
 
     task = "regression"
     num_outputs = 1
 
     def __init__(self, name: str = "yacht", split: int = 0, data_dir: str = "data", val_fraction: float = 0.1,
-                 **kwargs):
+                 dtype: str = "float32", **kwargs):
         super().__init__(**kwargs)
+        if dtype not in DTYPES:
+            raise ValueError(f"data.dtype={dtype!r} is not supported; allowed: {list(DTYPES)}")
+        self.dtype = DTYPES[dtype]
         if name not in UCI_DATASETS:
             raise ValueError(f"data.name={name!r} is not a UCI set; allowed: {list(UCI_DATASETS)}")
         self.name, self.split = name, split
@@ -68,24 +76,30 @@ class UCIDataModule(LabDataModule):
 
     def _load(self) -> None:
         data = load_table(self.root / "data.txt")  # finite, rectangular; errors name the file and line
-        features = load_index(self.root / "index_features.txt", data.shape[1])
-        target = load_index(self.root / "index_target.txt", data.shape[1])
-        train_idx = load_index(self.root / f"index_train_{self.split}.txt", len(data))
-        test_idx = load_index(self.root / f"index_test_{self.split}.txt", len(data))
+        files = {"features": self.root / "index_features.txt", "target": self.root / "index_target.txt",
+                 "train": self.root / f"index_train_{self.split}.txt", "test": self.root / f"index_test_{self.split}.txt"}
+        features = load_index(files["features"], data.shape[1])
+        target = load_index(files["target"], data.shape[1])
+        train_idx = load_index(files["train"], len(data))
+        test_idx = load_index(files["test"], len(data))
+        check_uci_split(train_idx, test_idx, features, target, files)  # disjoint, no duplicates, no target feature
         perm = np.random.default_rng(self.seed).permutation(len(train_idx))
         n_val = int(round(self.val_fraction * len(train_idx)))
+        if n_val >= len(train_idx):
+            raise ValueError(f"data.val_fraction={self.val_fraction} leaves no training row of the {len(train_idx)} "
+                             f"in {files['train']}; allowed: a fraction that keeps at least one")
         val_idx, train_idx = train_idx[perm[:n_val]], train_idx[perm[n_val:]]
         X, y = data[:, features], data[:, target].reshape(len(data), -1)
         x_mean, x_std = X[train_idx].mean(0), X[train_idx].std(0)
         x_std[x_std == 0] = 1.0
         y_mean, y_std = y[train_idx].mean(0), y[train_idx].std(0)
         self.input_shape = (X.shape[1],)
-        self.target_mean = torch.as_tensor(y_mean, dtype=torch.float32)
-        self.target_std = torch.as_tensor(y_std, dtype=torch.float32)
+        self.target_mean = torch.as_tensor(y_mean, dtype=self.dtype)
+        self.target_std = torch.as_tensor(y_std, dtype=self.dtype)
 
         def tensors(idx: np.ndarray) -> TensorDataset:
-            Xs = torch.as_tensor((X[idx] - x_mean) / x_std, dtype=torch.float32)
-            ys = torch.as_tensor((y[idx] - y_mean) / y_std, dtype=torch.float32)
+            Xs = torch.as_tensor((X[idx] - x_mean) / x_std, dtype=self.dtype)
+            ys = torch.as_tensor((y[idx] - y_mean) / y_std, dtype=self.dtype)
             return TensorDataset(Xs, ys)
 
         self.train_set, self.val_set, self.test_set = tensors(train_idx), tensors(val_idx), tensors(test_idx)

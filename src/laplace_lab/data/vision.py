@@ -8,7 +8,9 @@ the error names the dataset, the directory and the files expected there, before 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from laplace_lab.data.base import LabDataModule, split_off_validation
 from laplace_lab.data.checks import check_finite, check_idx_file, check_labels
+from laplace_lab.data.size_checks import check_validation_size
 from laplace_lab.data.transformed import check_transform, transform_images
 
 log = logging.getLogger(__name__)
@@ -56,7 +59,8 @@ VISION_DATASETS: dict[str, VisionSpec] = {
 def check_or_download(name: str, root: Path, download: bool) -> None:
     """Make sure ``name``'s files are under ``root``; try torchvision's download if allowed.
 
-    Raises ``FileNotFoundError`` naming the dataset, the directory and the expected files.
+    Raises ``FileNotFoundError`` naming the dataset, the directory and the expected files. A failed
+    download leaves no empty folder behind (``_remove_new_empty_folders``).
     """
     spec = VISION_DATASETS[name]
     missing = [f for f in spec.files if not (root / f).exists()]
@@ -64,16 +68,33 @@ def check_or_download(name: str, root: Path, download: bool) -> None:
         return
     reason = "download=false"
     if download:
+        before = _folders(root)
         try:
             _torchvision_dataset(name, root, train=True, download=True)
             _torchvision_dataset(name, root, train=False, download=True)
             return
         except Exception as err:  # no internet, mirror down, read-only dir ...
             reason = f"download failed: {type(err).__name__}: {err}"
+            _remove_new_empty_folders(root, before)
     raise FileNotFoundError(
         f"dataset {name!r} not found in {root} ({reason}). Expected files: {list(spec.files)}. "
         f"Place them there, or set paths.data_dir / LAPLACE_LAB_DATA_DIR to a folder that has them."
     )
+
+
+def _folders(root: Path) -> set[Path]:
+    return {Path(d) for d, _, _ in os.walk(root)} if root.is_dir() else set()
+
+
+def _remove_new_empty_folders(root: Path, before: set[Path]) -> None:
+    """Remove the folders a failed download created under ``root`` (the user's data folder, maybe
+    shared) that are empty, deepest first; files it left, and every folder that was there, stay."""
+    for folder in sorted(_folders(root) - before, key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only if empty
+    if root not in before:
+        with contextlib.suppress(OSError):
+            root.rmdir()
 
 
 def _torchvision_dataset(name: str, root: Path, train: bool, download: bool = False, **extra) -> Dataset:
@@ -107,7 +128,7 @@ def load_tensors(name: str, root: Path, train: bool, fake_size: int = 256) -> Te
     source = ", ".join(map(str, files)) or f"dataset {name!r}"
     try:
         ds = _torchvision_dataset(name, root, train, **({"size": fake_size} if name == "fake_data" else {}))
-    except (RuntimeError, ValueError, OSError, EOFError) as err:
+    except (RuntimeError, ValueError, TypeError, AssertionError, OSError, EOFError) as err:
         raise ValueError(f"dataset {name!r}: cannot read {source} ({type(err).__name__}: {err}); the files may "
                          "be truncated or corrupt: delete them and download them again") from err
     if name == "fake_data":
@@ -177,7 +198,8 @@ class VisionDataModule(LabDataModule):
     Args:
         name: one of ``VISION_DATASETS``.
         data_dir: root data directory (torchvision layout).
-        n_val: validation images split off the training set by ``seed``.
+        n_val: validation images split off the training set by ``seed``; at most a fifth of it
+            (``data.size_checks``).
         n_train_subset: keep only the first k training images (after the split); ``None`` = all.
         ood: names of out-of-distribution test sets (keys of ``VISION_DATASETS``).
         ood_if_missing: ``error`` (fail at construction) or ``skip`` (warn, record in ``ood_skipped``).
@@ -237,7 +259,8 @@ class VisionDataModule(LabDataModule):
             return
         full_train = _transformed(load_tensors(self.name, self.root, train=True, fake_size=self.fake_size),
                                   self.transform, train=True)
-        train, self.val_set = split_off_validation(full_train, min(self.n_val, len(full_train) // 5), self.seed)
+        check_validation_size(self.name, self.n_val, len(full_train))  # (no silent cut to a fifth)
+        train, self.val_set = split_off_validation(full_train, self.n_val, self.seed)
         if self.n_train_subset is not None:
             train = Subset(train, range(min(self.n_train_subset, len(train))))
         self.train_plain = train

@@ -48,8 +48,13 @@ Example (``train.py``, after fitting)::
                              data_dir=cfg.paths.data_dir, input_range=dm.input_range,
                              target_mean=dm.target_mean, target_std=dm.target_std)
 
+Landscape (``evaluation.landscape``, off by default): ``run_evaluation(..., landscape=
+LandscapeInputs(la, train_set, test_set))`` draws the loss around the MAP beside the fitted
+Laplace's Gaussian (``landscape``, ``landscape_plots``, ``landscape_html``).
+
 Modules: ``config`` (validation), ``metrics``, ``predict`` (running predictors), ``ood``,
-``shift``, ``adversarial``, ``toy2d``, ``plots``, ``report`` (loggers and files), ``runner``.
+``shift``, ``adversarial``, ``toy2d``, ``plots``, ``landscape`` (+ ``_plots``, ``_html``),
+``report`` (loggers and files), ``runner``.
 """
 
 from laplace_lab.evaluation.config import EvalConfig, validate_config

@@ -202,6 +202,29 @@ class Toy2DConfig:
     class_index: int | None = _f(None, C.int_or_none)  # None: max-confidence; k: p(class k)
 
 
+LANDSCAPE_DIRECTIONS = ("random", "eigen")
+LANDSCAPE_BIASES = ("zero", "weights")
+
+
+@dataclass(frozen=True)
+class LandscapeConfig:
+    """Loss-landscape slices around the MAP beside the Laplace Gaussian (``evaluation.landscape``)."""
+
+    enabled: bool = _f(False, C.boolean)
+    directions: str = _f("random", C.choice(LANDSCAPE_DIRECTIONS))  # random: filter-normalised; eigen: top of H
+    n_directions: int = _f(2, C.int_at_least(2))  # 1-D slices along each; the 2-D slice spans the first two
+    grid_points: int = _f(21, C.int_at_least(3))  # per axis of the 2-D grids
+    grid_points_1d: int = _f(51, C.int_at_least(3))  # of the 1-D grids
+    extent: float = _f(1.0, C.positive_float())  # loss / test-metric grid: [-extent, extent] x the direction
+    posterior_extent: float | None = _f(None, C.positive_float(optional=True))  # likelihood grid; null: n_std
+    posterior_n_std: float = _f(3.0, C.positive_float())  # likelihood grid: +- this many Gaussian slice stds
+    n_train: int | None = _f(2000, C.int_at_least(1, optional=True))  # training rows for the loss; null: all
+    n_test: int | None = _f(2000, C.int_at_least(1, optional=True))  # test rows for the metric; null: all
+    biases: str = _f("zero", C.choice(LANDSCAPE_BIASES))  # random directions of 1-D tensors
+    seed: int = _f(0, C.int_at_least(0))  # random directions and row subsets
+    html: bool = _f(True, C.boolean)  # also figures/landscape.html (self-contained, no server)
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     enabled: bool = _f(True, C.boolean)
@@ -217,6 +240,7 @@ class EvalConfig:
     adversarial: AdversarialConfig = _sub(AdversarialConfig)
     regression: RegressionConfig = _sub(RegressionConfig)
     toy2d: Toy2DConfig = _sub(Toy2DConfig)
+    landscape: LandscapeConfig = _sub(LandscapeConfig)
 
 
 def _to_container(cfg: Any) -> Any:
@@ -258,7 +282,33 @@ def validate_config(cfg: Any = None, prefix: str = "evaluation") -> EvalConfig:
     data = _to_container(cfg)
     if isinstance(data, Mapping):
         data = {k: v for k, v in data.items() if k != "name"}
-    return _build(EvalConfig, data, prefix)
+    cfg = _build(EvalConfig, data, prefix)
+    if cfg.landscape.enabled and not cfg.enabled:
+        raise ValueError(f"{prefix}.landscape.enabled=true needs {prefix}.enabled=true (the landscape is drawn "
+                         "by the evaluation)")
+    return cfg
+
+
+def check_landscape_run(cfg: EvalConfig, hessian_structure: str, fits_laplace: bool,
+                        prefix: str = "evaluation") -> None:
+    """The landscape's needs from the rest of a run, checked before training: a fitted Laplace
+    (``fits_laplace``) and, for ``directions=eigen``, a ``curvature.hessian_structure`` that offers
+    eigenvectors of its curvature."""
+    from laplace_lab.laplace.spec import hessian_structures, structure_class
+    from laplace_lab.laplace.structures.base import offers_eigenvectors
+
+    land = cfg.landscape
+    if not land.enabled:
+        return
+    if not fits_laplace:
+        raise ValueError(f"{prefix}.landscape.enabled=true needs a post-hoc Laplace (its Gaussian is drawn beside "
+                         "the loss): marglik.mode='posthoc' or predictive.pred_type in ['glm', 'nn']")
+    if land.directions == "eigen" and hessian_structure in hessian_structures() \
+            and not offers_eigenvectors(structure_class(hessian_structure)):
+        offering = [n for n in hessian_structures() if offers_eigenvectors(structure_class(n))]
+        raise ValueError(f"{prefix}.landscape.directions='eigen' needs a curvature.hessian_structure with "
+                         f"eigenvectors; allowed: {offering}; got {hessian_structure!r} (or use "
+                         f"{prefix}.landscape.directions='random')")
 
 
 def config_to_dict(cfg: EvalConfig) -> dict:

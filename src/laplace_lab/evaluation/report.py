@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,8 @@ def _is_wandb_logger(lg) -> bool:
 
 
 class Reporter:
-    def __init__(self, out_dir: str | Path, loggers: Any = None, step: int | None = None):
+    def __init__(self, out_dir: str | Path, loggers: Any = None, step: int | None = None, label: str = ""):
+        self.label = label  # the data set and predictors, above every figure's own title
         self.out_dir = Path(out_dir)
         (self.out_dir / "figures").mkdir(parents=True, exist_ok=True)
         (self.out_dir / "tables").mkdir(parents=True, exist_ok=True)
@@ -58,6 +60,11 @@ class Reporter:
             self.metrics[k] = float(v)
 
     def add_figure(self, name: str, fig: Figure) -> Path:
+        if self.label:  # every figure names the run's data set and Laplace predictive
+            own = fig._suptitle.get_text() if fig._suptitle is not None else ""
+            width = max(int(fig.get_figwidth() * 11), 30)
+            label = "\n".join(textwrap.fill(part, width) for part in self.label.split("; "))
+            fig.suptitle(f"{label}\n{own}" if own else label, fontsize="medium")
         path = self.out_dir / "figures" / f"{name}.png"
         fig.savefig(path, dpi=110)
         self.figures[name] = path

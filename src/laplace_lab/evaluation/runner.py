@@ -17,6 +17,10 @@ section               view                              metrics
 ``confmax_map``       ``eps_<eps>``                     conf entropy
 ``confmax_self``      ``eps_<eps>``                     conf entropy
 ``toy2d``             ``far``                           conf (mean on the zoomed-out border)
+``landscape``         (none); ``d<i>`` (direction i)    ``map/loss``, ``map/acc`` (regression
+                                                        ``map/rmse``), ``la/tv``; ``d<i>/la/``
+                                                        ``curvature_ratio``, ``offset_std``
+                                                        (``landscape.metric_keys``)
 ====================  ================================  =========================================
 
 Numbers in views use ``format(v, "g")``: ``rot_30``, ``eps_0.05``. E.g. ``test/la/ece``,
@@ -29,6 +33,7 @@ predictor on the same inputs; ``*_self`` attack each predictor itself
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,6 +52,7 @@ from laplace_lab.evaluation.adversarial import (
     fgsm_sweep,
 )
 from laplace_lab.evaluation.config import EvalConfig, config_to_dict, validate_config
+from laplace_lab.evaluation.landscape import LandscapeInputs
 from laplace_lab.evaluation.ood import far_away, uniform_noise
 from laplace_lab.evaluation.predict import (
     eval_mode,
@@ -57,6 +63,7 @@ from laplace_lab.evaluation.predict import (
 )
 from laplace_lab.evaluation.report import Reporter
 from laplace_lab.evaluation.shift import cifar10c_status, load_cifar10c, rotated_batches
+from laplace_lab.evaluation.timing import EvalTimer
 from laplace_lab.evaluation.toy2d import toy2d_contours
 
 log = logging.getLogger(__name__)
@@ -97,6 +104,7 @@ class _Context:
     def __init__(self, cfg: EvalConfig, predictors, rep: Reporter, device, input_range, rng):
         self.cfg, self.predictors, self.rep, self.device = cfg, predictors, rep, device
         self.input_range, self.rng = input_range, rng
+        self.on_eta: Callable[[float | None], None] | None = None  # the evaluation's ETA (run_evaluation)
 
     def batches(self, loader, max_batches=None):
         mb = max_batches if max_batches is not None else self.cfg.max_test_batches
@@ -119,7 +127,9 @@ def run_evaluation(cfg: Any, task: str, predictors: dict[str, Callable], test_lo
                    out_dir: str | Path = ".", logger: Any = None, *, target_mean=0.0, target_std=1.0,
                    y_standardised: bool = True, dataset: str | None = None, data_dir: str | None = None,
                    input_range: tuple[float, float] | None | str = "config", toy_data: tuple[Tensor, Tensor] | None = None,
-                   device: str | torch.device | None = None, step: int | None = None) -> dict[str, float]:
+                   device: str | torch.device | None = None, step: int | None = None,
+                   landscape: LandscapeInputs | None = None, on_eta: Callable[[float | None], None] | None = None,
+                   label: str = "") -> dict[str, float]:
     """Evaluate every predictor; log to ``logger`` (one Lightning logger or a list) and ``out_dir``.
 
     Args:
@@ -142,6 +152,10 @@ def run_evaluation(cfg: Any, task: str, predictors: dict[str, Callable], test_lo
         toy_data: ``(X [N, 2], y [N])`` drawn on the toy contour plots (none: contours skipped).
         device: where inputs are sent (default: the device of the first ``nn.Module`` parameter).
         step: step passed to the loggers.
+        landscape: the fitted Laplace and the training / test rows for ``evaluation.landscape``
+            (``landscape.LandscapeInputs``); none: the landscape is skipped.
+        on_eta: receives the estimated seconds the evaluation has left (``timing.EvalTimer``).
+        label: the run's data set and Laplace predictive, written above every figure's title.
 
     Returns the flat dict of scalar metrics (also in ``<out_dir>/eval_metrics.json``).
     """
@@ -150,7 +164,7 @@ def run_evaluation(cfg: Any, task: str, predictors: dict[str, Callable], test_lo
         raise ValueError(f"task={task!r} is not supported; allowed: {list(TASKS)}")
     if not predictors:
         raise ValueError("run_evaluation needs at least one predictor")
-    rep = Reporter(out_dir, logger, step)
+    rep = Reporter(out_dir, logger, step, label=label)
     if not ecfg.enabled:
         rep.skip("all", "evaluation.enabled=false", warn=False)
         return rep.finalize(config_to_dict(ecfg))
@@ -163,6 +177,7 @@ def run_evaluation(cfg: Any, task: str, predictors: dict[str, Callable], test_lo
     else:
         in_range = None if input_range is None else validate_config({"input_range": list(input_range)}).input_range
     ctx = _Context(ecfg, predictors, rep, device, in_range, rng)
+    ctx.on_eta = on_eta
     try:
         with eval_mode(attack_model, *predictors.values()):
             if task == "regression":
@@ -170,16 +185,56 @@ def run_evaluation(cfg: Any, task: str, predictors: dict[str, Callable], test_lo
             else:
                 _classification(ctx, test_loader, ood_loaders or {}, attack_model, dataset, data_dir,
                                 toy_data)
+            _landscape(ctx, landscape, dataset)
     finally:
         result = rep.finalize(config_to_dict(ecfg))
     return result
 
 
 # ============================================================================ classification
+def _loader_inputs(loader, max_batches: int | None) -> int:
+    """Inputs a pass over ``loader`` (at most ``max_batches`` batches) predicts; 0 if unknown."""
+    try:
+        n = len(loader.dataset)
+    except (AttributeError, TypeError):
+        return 0
+    return n if max_batches is None or loader.batch_size is None else min(n, max_batches * loader.batch_size)
+
+
+def _plan(ctx: _Context, test_loader, ood_loaders, dataset, data_dir, toy_data, attack_model, kept,
+          n_test: int) -> EvalTimer:
+    """The sections still to run after the test pass, with the inputs each predicts (``EvalTimer``)."""
+    cfg, planned, other = ctx.cfg, {}, []
+    if cfg.ood.enabled:
+        names = list(ood_loaders) if cfg.ood.datasets is None else list(cfg.ood.datasets)
+        mb = cfg.ood.max_batches if cfg.ood.max_batches is not None else cfg.max_test_batches
+        planned["ood"] = sum(_loader_inputs(ood_loaders[n], mb) for n in names if n in ood_loaders)
+        if not planned["ood"] and (cfg.ood.noise or cfg.ood.far_away):
+            other.append("ood")
+    rc = cfg.shift.rotation
+    if rc.enabled and kept is not None and kept.ndim == 4:
+        mb = rc.max_batches if rc.max_batches is not None else cfg.max_test_batches
+        planned["rotation"] = len(rc.angles) * (_loader_inputs(test_loader, mb) or n_test)
+    c = cfg.shift.cifar10c
+    if c.enabled and _norm_name(dataset) == "cifar10":
+        present, _ = cifar10c_status(c.data_dir or data_dir, c.corruptions)
+        planned["cifar10c"] = len(present or []) * len(c.severities) * (c.max_items or 10000)
+    if cfg.reliability_diagram:
+        other.insert(0, "reliability diagram")
+    if cfg.adversarial.enabled:
+        other.append("adversarial")
+    if cfg.toy2d.enabled and toy_data is not None:
+        other.append("toy2d")
+    return EvalTimer(planned, other, on_eta=ctx.on_eta)
+
+
 def _classification(ctx: _Context, test_loader, ood_loaders, attack_model, dataset, data_dir, toy_data):
     cfg, rep = ctx.cfg, ctx.rep
     keep = max(cfg.ood.n_generated, 1)
+    start = time.monotonic()
     probs, y, kept = ctx.probs(ctx.batches(test_loader), "test", keep_inputs=keep)
+    timer = _plan(ctx, test_loader, ood_loaders, dataset, data_dir, toy_data, attack_model, kept, len(y))
+    timer.test_done(time.monotonic() - start, len(y))
     n_classes = next(iter(probs.values())).shape[1]
     bins, ece = [], {}
     for name, p in probs.items():
@@ -189,15 +244,21 @@ def _classification(ctx: _Context, test_loader, ood_loaders, attack_model, datas
         b = M.calibration_bins(p, y, cfg.n_bins)
         bins.append(pd.DataFrame({"predictor": name, **{k: v.numpy() for k, v in b.items()}}))
     if cfg.reliability_diagram:
-        df = pd.concat(bins, ignore_index=True)
-        rep.add_table("reliability", df)
-        rep.add_figure("reliability", plots.reliability_diagram(df, ece, f"test ({cfg.n_bins} bins)"))
+        with timer.section("reliability diagram"):
+            df = pd.concat(bins, ignore_index=True)
+            rep.add_table("reliability", df)
+            rep.add_figure("reliability", plots.reliability_diagram(df, ece, f"reliability on the test set ({cfg.n_bins} bins)"))
 
-    _ood(ctx, probs, kept, ood_loaders, dataset)
-    _rotation(ctx, test_loader, kept)
-    _cifar10c(ctx, dataset, data_dir)
-    _adversarial(ctx, test_loader, attack_model, kept)
-    _toy2d(ctx, toy_data, n_classes)
+    with timer.section("ood"):
+        _ood(ctx, probs, kept, ood_loaders, dataset)
+    with timer.section("rotation"):
+        _rotation(ctx, test_loader, kept)
+    with timer.section("cifar10c"):
+        _cifar10c(ctx, dataset, data_dir)
+    with timer.section("adversarial"):
+        _adversarial(ctx, test_loader, attack_model, kept)
+    with timer.section("toy2d"):
+        _toy2d(ctx, toy_data, n_classes)
 
 
 def _ood(ctx: _Context, probs_in, kept, ood_loaders, dataset):
@@ -219,7 +280,7 @@ def _ood(ctx: _Context, probs_in, kept, ood_loaders, dataset):
     n = min(cfg.ood.n_generated, len(kept))
     if cfg.ood.noise:
         if ctx.input_range is None:
-            rep.skip("ood/noise", "inputs are unbounded (input_range is None): no range to draw noise from")
+            rep.skip("ood/noise", "inputs are unbounded (input_range is None): no range to draw noise from", warn=False)
         else:
             x = uniform_noise(cfg.ood.n_generated, tuple(kept.shape[1:]), ctx.input_range, ctx.rng)
             sets["noise"] = ctx.probs_of(x, "ood/noise")
@@ -230,6 +291,9 @@ def _ood(ctx: _Context, probs_in, kept, ood_loaders, dataset):
         return
     rows, conf_rows = [], []
     in_name = dataset or "in-distribution"
+    captions = {in_name: "test set" if dataset is None else f"{dataset} test set", "far_away": plots.OOD_CAPTIONS["far_away"].format(
+        alpha=f"{cfg.ood.far_away_alpha:g}"), "noise": plots.OOD_CAPTIONS["noise"]}
+    captions |= {n: f"{n} (OOD data set)" for n in sets if n not in captions}
     for pname, p_in in probs_in.items():
         conf_rows.append(pd.DataFrame({"predictor": pname, "dataset": in_name,
                                        "confidence": M.confidence(p_in).numpy()}))
@@ -241,8 +305,9 @@ def _ood(ctx: _Context, probs_in, kept, ood_loaders, dataset):
             conf_rows.append(pd.DataFrame({"predictor": pname, "dataset": set_name,
                                            "confidence": M.confidence(p_out).numpy()}))
     rep.add_table("ood", pd.DataFrame(rows))
-    rep.add_figure("confidence_hist", plots.confidence_histograms(pd.concat(conf_rows, ignore_index=True),
-                                                                  "max-confidence: test vs OOD"))
+    n_classes = next(iter(probs_in.values())).shape[1]
+    rep.add_figure("confidence_hist", plots.confidence_histograms(
+        pd.concat(conf_rows, ignore_index=True), "max confidence: test set against OOD sets", captions, n_classes))
 
 
 def _rotation(ctx: _Context, test_loader, kept):
@@ -421,6 +486,30 @@ def _toy2d(ctx: _Context, data, n_classes):
         rep.add_figure(name, fig)
     for pname, v in far.items():
         rep.add_metrics({metric_key("toy2d", "far", pname, "conf"): v})
+
+
+# ================================================================================ landscape
+def _landscape(ctx: _Context, inputs: LandscapeInputs | None, dataset: str | None):
+    cfg, rep = ctx.cfg, ctx.rep
+    if not cfg.landscape.enabled:
+        rep.skip("landscape", "evaluation.landscape.enabled=false", warn=False)
+        return
+    if inputs is None:
+        rep.skip("landscape", "no fitted Laplace and training rows given (run_evaluation's landscape=...)")
+        return
+    from laplace_lab.evaluation import landscape, landscape_html, landscape_plots
+
+    ls = landscape.compute_landscape(inputs.la, inputs.train_set, inputs.test_set, cfg.landscape, cfg.chunk_size,
+                                     landscape.progress_enabled(cfg.progress))
+    values = landscape.metric_keys(ls)
+    rep.add_metrics(values)
+    for name, df in landscape.tables(ls).items():
+        rep.add_table(name, df)
+    rep.add_figure("landscape_1d", landscape_plots.figure_1d(ls, dataset))
+    rep.add_figure("landscape_2d", landscape_plots.figure_2d(ls, dataset))
+    rep.add_figure("landscape_posterior", landscape_plots.figure_posterior(ls, dataset))
+    if cfg.landscape.html:
+        landscape_html.write(ls, rep.out_dir / "figures" / "landscape.html", dataset)
 
 
 # =============================================================================== regression

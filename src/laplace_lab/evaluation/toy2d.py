@@ -15,6 +15,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from laplace_lab.evaluation.labels import predictor_label
 from laplace_lab.evaluation.plots import new_figure
 from laplace_lab.evaluation.predict import predict_probs
 
@@ -70,7 +71,7 @@ def _draw(xx, yy, values, X, y, class_index, n_classes, title) -> Figure:
             m = y == c
             ax.scatter(X[m, 0], X[m, 1], s=9, color=palette[c], marker=markers[c % len(markers)],
                        edgecolor="black", linewidth=0.3)
-        ax.set(title=name, xlim=(xx.min(), xx.max()), ylim=(yy.min(), yy.max()))
+        ax.set(title=predictor_label(name), xlim=(xx.min(), xx.max()), ylim=(yy.min(), yy.max()))
     label = "max confidence" if class_index is None else f"p(class {class_index})"
     fig.colorbar(cs, ax=axes.ravel().tolist(), label=label, shrink=0.9, format="%.2f")
     fig.suptitle(title)

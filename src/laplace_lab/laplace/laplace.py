@@ -673,7 +673,7 @@ class Laplace:
     def __call__(self, x, pred_type: str = "glm", joint: bool = False, link_approx: str | None = "probit",
                  n_samples: int = 100, diagonal_output: bool = False, generator: torch.Generator | None = None,
                  fitting: bool = False, *, joint_outputs: bool = False, return_parts: bool = False,
-                 chunk_size: int | None = 256, **model_kwargs):
+                 chunk_size: int | None = 256, het_approx: str = "mean", **model_kwargs):
         """Predictive at ``x`` ``[B, ...]`` (laplace-torch's argument order and return conventions).
 
         - classification: probabilities ``[B, C]``.
@@ -689,6 +689,8 @@ class Laplace:
         laplace-torch it needs ``link_approx="mc"`` (the default "probit" raises). ``joint=True`` (regression glm): ``(f_mean [B C], covariance [B C, B C])`` across all
         inputs (dense Jacobians: small models).
         ``model_kwargs`` are passed to the model's forward. ``chunk_size``: inputs per forward/backward.
+        ``het_approx`` (heteroscedastic glm): "mean" linearises the predictive mean in both natural
+        parameters, "natural" eta1 alone with eta2 at the MAP (Immer et al. 2023's reported predictive).
         See ``laplace_lab.laplace.predictive`` for conventions and differentiability."""
         if joint:  # laplace-torch: the GP-like covariance across all inputs and outputs
             if self.likelihood != "regression" or pred_type != "glm" or return_parts:
@@ -709,7 +711,8 @@ class Laplace:
             out = predictive.predict(
                 self, x, pred_type=pred_type, link_approx=link_approx, n_samples=n_samples,
                 joint=(joint_outputs or (plain_regression and not diagonal_output)) and pred_type != "nn",
-                chunk_size=chunk_size, return_parts=return_parts or plain_regression, generator=generator)
+                chunk_size=chunk_size, return_parts=return_parts or plain_regression, generator=generator,
+                het_approx=het_approx)
         if plain_regression:
             return out.mean, out.epistemic
         return out

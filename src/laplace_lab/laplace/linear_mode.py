@@ -69,6 +69,10 @@ class LinearModeResult(NamedTuple):
     n_outer: int  # alternation rounds run
     converged: bool  # log precisions moved less than tol, with the round's Newton solve converged
     log_marglik: list[float]  # evidence after every precision update
+    # ||grad L(theta*)|| / ||grad L(theta_hat)|| of the linear model's objective at the final prior
+    # (0 at its exact mode; ``relative_gradient``) and whether the final Newton solve stopped on its test
+    grad_residual: float = math.nan
+    final_solve_converged: bool = False
 
 
 class LinearisedObjective:
@@ -315,13 +319,31 @@ def fit_linear_mode(la, train_loader: Iterable, n_outer: int = 20, tol: float = 
                 if (moved < tol and solved) or not math.isfinite(history[-1]):
                     converged = math.isfinite(history[-1])
                     break
-        delta, nll, _ = linear_map(la, solve_data, delta, **kw, label="final solve, ")
+        delta, nll, final_done = linear_map(la, solve_data, delta, **kw, label="final solve, ")
+        residual = relative_gradient(la, obj, delta)
+        log.info("linear mode final solve: relative gradient residual %.2e (converged: %s)", residual, final_done)
         if scale != 1.0:  # the evidence's data term over all rows at theta*
             nll = LinearisedObjective(la, train_loader, chunk_size, vec_chunk).nll(delta)
         _set(la, obj, delta, nll)
     finally:
         la.model.train(was_training)
-    return LinearModeResult(la.mean.clone(), rounds, converged, history)
+    return LinearModeResult(la.mean.clone(), rounds, converged, history, residual, bool(final_done))
+
+
+def relative_gradient(la, obj: LinearisedObjective, delta: torch.Tensor) -> float:
+    """``||grad L(theta_hat + delta)|| / ||grad L(theta_hat)||`` of the linear model's objective
+    ``L`` (module docstring) at ``la``'s current prior and noise: how far ``delta`` is from the linear
+    mode (0 there), relative to the linearisation point. Two gradient passes over ``obj``'s data."""
+    with torch.no_grad():
+        c = la.H_factor.detach()
+        p0 = la.prior_precision_diag.detach()
+        mu0 = la.prior_mean.detach()
+        th = obj.theta_hat
+
+        def grad(d):
+            return c * obj.nll_grad(d)[1] + p0 * (th + d - mu0)
+
+        return float(grad(delta).norm() / grad(torch.zeros_like(delta)).norm().clamp_min(torch.finfo(th.dtype).tiny))
 
 
 def _set(la, obj: LinearisedObjective, delta: torch.Tensor, nll: torch.Tensor) -> None:
@@ -346,4 +368,5 @@ def linear_shift(la, x: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = ["EVIDENCE_POINTS", "LinearModeResult", "LinearisedObjective", "linear_map", "fit_linear_mode",
+           "relative_gradient",
            "linear_shift"]

@@ -69,6 +69,14 @@ class LinkApprox(Option):
     BRIDGE_NORM = "bridge_norm"
 
 
+class HetApprox(Option):
+    """Which closed-form GLM predictive a heteroscedastic Laplace gives (Immer et al. 2023's
+    ``het_approx``): linearise the mean in both natural parameters, or eta1 alone."""
+
+    MEAN = "mean"
+    NATURAL = "natural"
+
+
 class TuningMethod(Option):
     MARGLIK = "marglik"
     GRIDSEARCH = "gridsearch"

@@ -26,7 +26,10 @@ Returns, for ``x`` ``[B, ...]`` (``C`` = network outputs):
 - heteroscedastic regression (network outputs ``[eta1 (D) | raw (D)]``): ``(mean [B, D],
   var [B, D])`` in the original units. glm (closed form): the mean ``-eta1 / (2 eta2)`` is
   linearised in the network outputs (delta method: epistemic = ``a^T Cov[f] a`` with
-  ``a = d mean / d (eta1, raw)``) and the aleatoric part is ``-1 / (2 eta2)`` at the MAP;
+  ``a = d mean / d (eta1, raw)``) and the aleatoric part is ``-1 / (2 eta2)`` at the MAP
+  (``het_approx="mean"``, the default); ``het_approx="natural"`` linearises eta1 alone and keeps
+  eta2 at the MAP (the authors' ``het_approx='natural'``, the predictive Immer et al. 2023 report):
+  epistemic = ``s^2 Var[eta1]`` with ``s = -1 / (2 eta2)``, the same mean and aleatoric part;
   ``link_approx="mc"`` and ``"nn"`` use samples of the natural parameters and the law of total
   variance (aleatoric = E[var], epistemic = Var[mean]).
 - ``return_parts=True`` (regression likelihoods): ``RegressionPredictive(mean, var, aleatoric,
@@ -58,10 +61,11 @@ from laplace_lab.laplace.functional_variance import (
 )
 from laplace_lab.laplace.likelihoods import HeteroscedasticRegression
 from laplace_lab.laplace.linear_mode import linear_shift
-from laplace_lab.laplace.options import LinkApprox, PredType
+from laplace_lab.laplace.options import HetApprox, LinkApprox, PredType
 
 PRED_TYPES = PredType.values()
 LINKS = LinkApprox.values()
+HET_APPROXES = HetApprox.values()
 REGRESSION_LINKS = ("probit", "mc")  # probit = the closed form for Gaussian likelihoods
 
 
@@ -80,6 +84,21 @@ def check_nn_link(pred_type: str, link_approx: str | None, key=lambda name: name
     if pred_type == "nn" and link_approx not in (None, "mc"):
         raise ValueError(f"{key('pred_type')}='nn' samples the network: {key('link_approx')} must be 'mc' "
                          f"(laplace-torch's rule; the default is 'probit'); got {key('link_approx')}={link_approx!r}")
+
+
+def _check_het_approx(la, pred_type, link, het_approx) -> None:
+    """``het_approx`` picks the heteroscedastic closed form; anywhere else only its default is allowed."""
+    if het_approx not in HET_APPROXES:
+        raise ValueError(f"het_approx must be one of {HET_APPROXES}; got {het_approx!r}")
+    if het_approx == HetApprox.MEAN:
+        return
+    if la.likelihood != "heteroscedastic_regression":
+        raise ValueError(f"het_approx={het_approx!r} needs likelihood='heteroscedastic_regression'; "
+                         f"got likelihood={la.likelihood!r}")
+    if pred_type != "glm" or link == "mc":
+        raise ValueError(f"het_approx={het_approx!r} is a closed form of the glm predictive: it needs "
+                         f"pred_type='glm' and link_approx 'probit' or None; got pred_type={pred_type!r}, "
+                         f"link_approx={link!r}")
 
 
 def _check(la, pred_type, link_approx, n_samples, joint, chunk_size, return_parts) -> str | None:
@@ -126,12 +145,14 @@ def _requires_grad(x) -> bool:
 def predict(la, x: torch.Tensor, pred_type: str = "glm", link_approx: str | None = None,
             n_samples: int = 100, joint: bool = False, chunk_size: int | None = 256,
             return_parts: bool = False, generator: torch.Generator | None = None,
-            budget: int = DEFAULT_BUDGET):
+            budget: int = DEFAULT_BUDGET, het_approx: str = "mean"):
     """``la(x, ...)``: see the module docstring. ``chunk_size``: inputs per forward/backward
     (memory bound); ``budget``: elements per per-layer Jacobian block; ``generator``: for the
-    ``mc`` / ``nn`` draws (default ``la.generator``)."""
+    ``mc`` / ``nn`` draws (default ``la.generator``); ``het_approx``: the heteroscedastic glm
+    closed form, "mean" or "natural"."""
     la.check_fitted()
     link = _check(la, pred_type, link_approx, n_samples, joint, chunk_size, return_parts)
+    _check_het_approx(la, pred_type, link, het_approx)
     gen = generator if generator is not None else la.generator
     x = x.to(la.device) if isinstance(x, torch.Tensor) else x
     was_training = la.model.training
@@ -144,7 +165,8 @@ def predict(la, x: torch.Tensor, pred_type: str = "glm", link_approx: str | None
         else:
             chunks = _chunks(x, chunk_size)
             view = posterior_view(la) if pred_type == "glm" else None
-            outs = [_predict_chunk(la, xc, pred_type, link, n_samples, joint, gen, view, budget) for xc in chunks]
+            outs = [_predict_chunk(la, xc, pred_type, link, n_samples, joint, gen, view, budget, het_approx)
+                    for xc in chunks]
             out = tuple(torch.cat(parts) for parts in zip(*outs)) if isinstance(outs[0], tuple) else torch.cat(outs)
     finally:
         la.model.train(was_training)
@@ -179,7 +201,7 @@ def _moments(la, x, diag, view, budget):
     return f, fvar
 
 
-def _predict_chunk(la, x, pred_type, link, n_samples, joint, gen, view, budget):
+def _predict_chunk(la, x, pred_type, link, n_samples, joint, gen, view, budget, het_approx="mean"):
     if pred_type == "map":
         with torch.set_grad_enabled(torch.is_grad_enabled() and _requires_grad(x)):
             out = la.model(x)
@@ -201,7 +223,7 @@ def _predict_chunk(la, x, pred_type, link, n_samples, joint, gen, view, budget):
             noise = s2 * torch.eye(f.shape[1], dtype=f.dtype, device=f.device).expand_as(fvar)
             return f, fvar + noise, noise, fvar
         return f, fvar + s2, s2.expand_as(fvar), fvar
-    return _hetero_linearised(f, fvar, joint)
+    return _hetero_linearised(f, fvar, joint, het_approx)
 
 
 def probit(f: torch.Tensor, fvar: torch.Tensor) -> torch.Tensor:
@@ -237,12 +259,17 @@ def mvn_samples(f: torch.Tensor, fvar: torch.Tensor, n: int, generator=None) -> 
     return f + torch.einsum("bij,sbj->sbi", L, eps)
 
 
-def _hetero_linearised(f, fvar, joint):
+def _hetero_linearised(f, fvar, joint, het_approx="mean"):
+    """Closed-form heteroscedastic predictive from the output moments ``f [B, 2D]``, ``fvar
+    [B, 2D, 2D]``: "mean" linearises the mean in (eta1, raw), "natural" in eta1 alone (eta2 at the
+    MAP), as the heteroscedastic-nn authors' ``het_approx='natural'``."""
     D = f.shape[1] // 2
     eta1, eta2, raw = HeteroscedasticRegression.natural(f)
     mean, alea = -eta1 / (2 * eta2), -1 / (2 * eta2)
     d_eta1 = alea  # d mean / d eta1 = -1 / (2 eta2)
     d_raw = eta1 / (2 * eta2.square()) * -torch.sigmoid(raw)  # d mean / d eta2 * d eta2 / d raw
+    if het_approx == HetApprox.NATURAL:
+        d_raw = torch.zeros_like(d_raw)
     A = torch.cat([torch.diag_embed(d_eta1), torch.diag_embed(d_raw)], -1)  # [B, D, 2D]
     if joint:
         epi = A @ fvar @ A.transpose(1, 2)

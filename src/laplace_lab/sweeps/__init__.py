@@ -9,21 +9,23 @@
 - ``devices``: the ``trainer=gpu`` check and the devices a job records in ``status.json``.
 - ``progress``: each job's state and saved epochs; ``records``: finished jobs saved without
   machine paths and restored on another machine, so a sweep can span machines.
+- ``signals``: SIGTERM / SIGINT mark the job failed, write the summary and exit non-zero.
+- ``superseded``: an earlier attempt's wandb runs moved out of the way of a rerun's.
 
 Importing the package registers the OmegaConf resolvers the Hydra configs use
-(``lab_job_subdir``, ``lab_gpus_per_job``); ``laplace_lab.train`` imports it.
+(``lab_job_subdir``, ``lab_gpus_per_job``) and the output filters of ``laplace_lab.quiet_logs``;
+``laplace_lab.train`` imports it.
 """
 
 from __future__ import annotations
 
-import warnings
-
+from laplace_lab import quiet_logs
 from laplace_lab.sweeps.resolvers import register_resolvers
 from laplace_lab.sweeps.status import STATUS_FILE, is_finished, read_status
 
 register_resolvers()
-# conf/hydra/launcher/{ray,submitit_*}.yaml deliberately share the plugins' schema names, so Hydra
-# validates them (a typo in hydra.launcher.* fails); its warning about that is noise for users.
-warnings.filterwarnings("ignore", message=r"\s*'hydra/(launcher|sweeper)/\w+' is validated against ConfigStore schema")
+# among them Hydra's warning that conf/hydra/launcher/{ray,submitit_*}.yaml share the plugins'
+# schema names (on purpose: so Hydra validates them, and a typo in hydra.launcher.* fails)
+quiet_logs.install()
 
 __all__ = ["STATUS_FILE", "is_finished", "read_status", "register_resolvers"]

@@ -14,19 +14,27 @@ Configured in ``conf/train.yaml`` as ``hydra.callbacks.sweep_summary``:
 - ``lock_wait_s`` (default 0): how long a launch waits for another launch holding the same sweep
   folder before it refuses (``sweeps.lock``).
 
+- ``fail_on_error`` must be a bool and ``lock_wait_s`` a finite number >= 0: else the launch stops
+  before any job runs.
+
 At the start it names the sweep folder (``<output_root>/<experiment_name>/multirun`` for a preset's
-own sweep, ``.../multirun_<the command's overrides>`` when the command adds overrides; run-only
-keys left out, see ``sweeps.run_only.sweep_dirname``; an explicit ``hydra.sweep.dir=`` is kept),
+own sweep, ``.../multirun_<the command's overrides>`` when the command adds overrides, with the
+sweeper first when the command chooses one other than ``basic``: ``multirun_map_grid_<overrides>``;
+run-only keys left out, see ``sweeps.run_only.sweep_dirname``; an explicit ``hydra.sweep.dir=`` is kept),
 locks it (a second launch into it refuses, naming the holder), appends the launch to
 ``<sweep dir>/launches.jsonl`` and hands its launch id to every job through
 ``hydra.job.env_set.LAPLACE_LAB_LAUNCH_ID``. At the end it collects this launch's jobs from their
 ``status.json`` markers (finished / skipped / failed / unfinished), logs them, writes
-``<sweep dir>/summary.json`` and releases the lock.
+``<sweep dir>/summary.json`` and releases the lock. A launch stopped by SIGTERM / SIGINT
+(``sweeps.signals``) still writes its summary (``interrupted``: the signal), without a table.
+A single run (no ``-m``) locks its run folder instead (``on_run_start``): a second run into the
+same ``hydra.run.dir`` is refused before Hydra writes anything there.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -35,8 +43,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from laplace_lab.model_selection import validate_spec
-from laplace_lab.sweeps import lock
-from laplace_lab.sweeps.run_only import sweep_dirname
+from laplace_lab.sweeps import lock, signals
+from laplace_lab.sweeps.run_only import sweep_dirname, sweeper_choice
 from laplace_lab.sweeps.status import (
     LAUNCH_ENV,
     STATUS_FILE,
@@ -99,12 +107,13 @@ def _quote(value: str) -> str:
 
 def name_sweep_dir(config: DictConfig) -> Path:
     """Set ``hydra.sweep.dir`` of this launch to its own folder (``run_only.sweep_dirname`` of the
-    command's overrides) unless the command or a config set it; returns it."""
+    command's overrides and its ``hydra/sweeper`` choice) unless the command or a config set it; returns it."""
     sweep_dir = Path(config.hydra.sweep.dir)
     hydra_overrides = OmegaConf.select(config, "hydra.overrides.hydra", default=None) or []
     explicit = any(str(o).lstrip("+").startswith("hydra.sweep.dir=") for o in hydra_overrides)
     if not explicit and sweep_dir.name == "multirun":
-        sweep_dir = sweep_dir.parent / sweep_dirname(OmegaConf.select(config, "hydra.overrides.task", default=None) or [])
+        task = OmegaConf.select(config, "hydra.overrides.task", default=None) or []
+        sweep_dir = sweep_dir.parent / sweep_dirname(task, sweeper_choice(hydra_overrides))
         _add_hydra_override(config, "hydra.sweep.dir", str(sweep_dir))
         with read_write(config.hydra), open_dict(config.hydra):
             config.hydra.sweep.dir = str(sweep_dir)
@@ -121,13 +130,49 @@ def _add_hydra_override(config: DictConfig, key: str, text: str) -> None:
         config.hydra.overrides.hydra.append(f"{key}={_quote(text)}")
 
 
+OPTION = "hydra.callbacks.sweep_summary"
+
+
+def check_options(fail_on_error: Any, lock_wait_s: Any) -> float:
+    """``fail_on_error`` a bool and ``lock_wait_s`` a finite number of seconds >= 0 (``nan`` would
+    wait forever); returns ``lock_wait_s`` as a float. ValueError naming the option otherwise."""
+    if not isinstance(fail_on_error, bool):
+        raise ValueError(f"{OPTION}.fail_on_error={fail_on_error!r} must be true or false")
+    ok = isinstance(lock_wait_s, (int, float)) and not isinstance(lock_wait_s, bool)
+    if not (ok and math.isfinite(lock_wait_s) and lock_wait_s >= 0):
+        raise ValueError(f"{OPTION}.lock_wait_s={lock_wait_s!r} is not allowed; allowed: a finite number of "
+                         "seconds >= 0 (0: refuse at once when another launch holds the sweep folder)")
+    return float(lock_wait_s)
+
+
 class SweepSummary(Callback):
     def __init__(self, fail_on_error: bool = True, aggregate: Any = None, lock_wait_s: float = 0.0) -> None:
-        self.fail_on_error = bool(fail_on_error)
+        try:
+            self.lock_wait_s = check_options(fail_on_error, lock_wait_s)
+        except ValueError as err:  # Hydra turns callback errors into warnings; stop before any job runs
+            log.error("%s", err)
+            raise SystemExit(1) from err
+        self.fail_on_error = fail_on_error
         self.aggregate = validate_aggregate(aggregate)
-        self.lock_wait_s = float(lock_wait_s)
         self.launch: dict[str, Any] | None = None
         self.lock_fd: int | None = None
+        self.config: DictConfig | None = None
+        self.run_lock_fd: int | None = None
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """A single run: lock its folder (``hydra.run.dir``) before Hydra writes into it, so a second
+        run into the same folder is refused instead of mixing their files (``sweeps.lock``)."""
+        run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir")))
+        try:
+            self.run_lock_fd = lock.acquire(run_dir, {**new_launch(), "pid": os.getpid()}, what="run folder",
+                                            advice=lock.RUN_ADVICE)
+        except lock.SweepLocked as err:
+            log.error("%s", err)
+            raise SystemExit(1) from err
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        lock.release(self.run_lock_fd)
+        self.run_lock_fd = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
@@ -146,19 +191,34 @@ class SweepSummary(Callback):
         self.launch = record_launch(sweep_dir, launch)
         _add_hydra_override(config, f"++hydra.job.env_set.{LAUNCH_ENV}", launch["launch_id"])
         log.info("Sweep folder: %s (launch %s)", sweep_dir.resolve(), launch["launch_id"])
+        self.config = config
+        signals.on_interrupt(self._on_interrupt)  # SIGTERM / SIGINT: the summary is still written
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        signals.remove(self._on_interrupt)
         try:
             self._summarize(config)
         finally:
             lock.release(self.lock_fd)
             self.lock_fd = None
 
-    def _summarize(self, config: DictConfig) -> None:
+    def _on_interrupt(self, err: signals.JobInterrupted) -> None:
+        """The launch was stopped by a signal: its summary (no table), then the lock is released."""
+        try:
+            self._summarize(self.config, interrupted=err)
+        finally:
+            lock.release(self.lock_fd)
+            self.lock_fd = None
+
+    def _summarize(self, config: DictConfig, interrupted: signals.JobInterrupted | None = None) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         launch = self.launch or (read_launches(sweep_dir) or [{}])[-1]
         summary = summarize(sweep_dir, launch.get("launch_id"))
         summary.update(command=launch.get("command"), started=launch.get("started"), ended=now_iso())
+        if interrupted is not None:
+            summary["interrupted"] = interrupted.signal_name
+            log.error("Multirun %s stopped by %s: the jobs it had not run yet were not started; run the same "
+                      "command again to run them", sweep_dir, interrupted.signal_name)
         c = summary["counts"]
         log.info("Multirun summary (%s): %d finished, %d skipped (already finished), %d failed, %d unfinished",
                  sweep_dir, c["finished"], c["skipped"], c["failed"], c["unfinished"])
@@ -168,6 +228,8 @@ class SweepSummary(Callback):
             log.warning("  UNFINISHED %s (no end marker: killed?)", name)
         write_json_atomic(sweep_dir / SUMMARY_FILE, summary)
         log.info("Summary written to %s", sweep_dir / SUMMARY_FILE)
+        if interrupted is not None:  # (the entry point exits with 128 + the signal number)
+            return
         aggregation_failed = False
         if self.aggregate:
             from laplace_lab.tables import aggregate_sweep

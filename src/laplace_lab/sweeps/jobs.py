@@ -11,11 +11,15 @@ with the traceback, and a failure is logged but not raised, so the other jobs go
 Every run logs its output folder when it starts and ends; a job's marker also holds its launch id,
 ``started_unix`` / ``ended_unix`` and its ``devices`` (``record_devices``, called by ``train.run``
 once the trainer and model exist).
+
+A relaunch sets aside what an earlier attempt left unreadable (``status.set_aside_unreadable``)
+and its wandb runs (``superseded``). SIGTERM / SIGINT (``signals.JobInterrupted``) mark the job
+``failed`` with ``interrupted`` and stop the launch. An explicit ``checkpoint.dirpath`` is narrowed
+per job in a multirun (``job_checkpoint_dir``), so the jobs cannot share checkpoints.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -28,20 +32,26 @@ from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from laplace_lab.io.atomic import write_text_atomic
 from laplace_lab.sweeps.devices import device_record
+from laplace_lab.sweeps.signals import JobInterrupted
 from laplace_lab.sweeps.status import (
     ENTRY,
+    STATUS_FILE,
     config_fingerprint,
     git_state,
     hardware,
     is_finished,
     job_launch_id,
     now_iso,
+    read_metrics,
     read_status,
+    set_aside_unreadable,
     write_status,
 )
+from laplace_lab.sweeps.superseded import set_aside_earlier_runs
 
 log = logging.getLogger(__name__)
 FAILED_FILE = "FAILED"  # the traceback of the last failed attempt (removed when the job is re-run)
@@ -85,11 +95,45 @@ def run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
         log.info("Run ended; its outputs are in %s", output_dir.resolve())
 
 
+def _mark_interrupted(output_dir: Path, err: JobInterrupted, start: float | None = None) -> None:
+    """``status.json``: state ``failed``, ``interrupted``: the signal's name (a relaunch runs the job again)."""
+    wall = {} if start is None else {"wall_s": time.perf_counter() - start}
+    write_status(output_dir, state="failed", interrupted=err.signal_name, ended=now_iso(), ended_unix=time.time(),
+                 error=f"JobInterrupted: {err}", traceback=None, **wall)
+    log.error("Run in %s interrupted by %s: marked failed in %s", output_dir, err.signal_name, output_dir / STATUS_FILE)
+
+
+def job_checkpoint_dir(dirpath: str, output_dir: Path, output_root: str | None) -> str:
+    """A multirun job's own folder under an explicit ``checkpoint.dirpath``: ``<dirpath>/<the job's
+    folder relative to paths.output_root>`` (experiment, sweep folder and job names; else the last
+    three parts of the job's folder), so the jobs neither overwrite nor resume each other's checkpoints."""
+    job = Path(output_dir).resolve()
+    root = Path(output_root).resolve() if output_root else None
+    rel = job.relative_to(root) if root is not None and job.is_relative_to(root) else Path(*job.parts[-3:])
+    return str(Path(dirpath) / rel)
+
+
+def _narrow_checkpoint_dir(cfg: DictConfig, output_dir: Path) -> None:
+    dirpath = OmegaConf.select(cfg, "checkpoint.dirpath")
+    if not dirpath:
+        return
+    narrowed = job_checkpoint_dir(str(dirpath), output_dir, OmegaConf.select(cfg, "paths.output_root"))
+    with read_write(cfg), open_dict(cfg):
+        cfg.checkpoint.dirpath = narrowed
+    log.info("checkpoint.dirpath=%s is shared by the jobs of this multirun: this job's checkpoints go to %s",
+             dirpath, narrowed)
+
+
 def _run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
     key = objective_key(cfg)
     if not _is_multirun():
-        return objective(run_fn(cfg, output_dir), key)
+        try:
+            return objective(run_fn(cfg, output_dir), key)
+        except JobInterrupted as err:
+            _mark_interrupted(output_dir, err)
+            raise
     hc = HydraConfig.get()
+    _narrow_checkpoint_dir(cfg, output_dir)
     launch_id = job_launch_id(hc)
     output_dir.mkdir(parents=True, exist_ok=True)
     fingerprint = config_fingerprint(cfg)
@@ -102,7 +146,9 @@ def _run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
     elif finished:
         log.info("Skipping job #%s %s: already finished in %s", hc.job.num, hc.job.override_dirname, output_dir)
         write_status(output_dir, last_launch_id=launch_id, last_action="skipped", skipped_at=now_iso())
-        return objective(json.loads((output_dir / "metrics.json").read_text()), key)
+        return objective(read_metrics(output_dir), key)
+    set_aside_unreadable(output_dir)  # a cut-off status.json / metrics.json: named, kept aside, run again
+    set_aside_earlier_runs(output_dir)
     overrides = list(hc.overrides.task)
     previous = write_status(output_dir, state="running", launch_id=launch_id, last_launch_id=launch_id,
                             last_action="ran", started=now_iso(), started_unix=time.time(), ended=None,
@@ -114,10 +160,13 @@ def _run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
     start = time.perf_counter()
     try:
         metrics = run_fn(cfg, output_dir)
+    except JobInterrupted as err:  # SIGTERM / SIGINT: mark it, then stop the sweep (sweeps.signals)
+        _mark_interrupted(output_dir, err, start)
+        raise
     except Exception as err:  # noqa: BLE001 - a failing job must not stop the others
         write_status(output_dir, state="failed", ended=now_iso(), ended_unix=time.time(), wall_s=time.perf_counter() - start,
                      error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(), hardware=hardware())
-        (output_dir / FAILED_FILE).write_text(traceback.format_exc())
+        write_text_atomic(output_dir / FAILED_FILE, traceback.format_exc())
         log.error("Job #%s %s FAILED (%s: %s); traceback in %s", hc.job.num, hc.job.override_dirname,
                   type(err).__name__, err, output_dir / "status.json")
         return math.nan

@@ -1,4 +1,4 @@
-"""One launch at a time per sweep folder: ``<sweep dir>/.lock``.
+"""One launch at a time per sweep folder (and one single run per run folder): ``<folder>/.lock``.
 
 ``acquire`` takes an exclusive ``flock`` on the file and writes the holder (pid, host, launch id,
 start time, command) into it; a second launch into the folder gets ``SweepLocked`` naming the
@@ -45,10 +45,18 @@ def describe(holder: dict[str, Any]) -> str:
             f"started {get('started', '?')}: {get('command', '?')})")
 
 
-def acquire(sweep_dir: str | Path, holder: dict[str, Any], wait_s: float = 0.0, poll_s: float = 1.0) -> int:
+SWEEP_ADVICE = ("Wait until it ends and run the command again (finished jobs are skipped), or set "
+                "hydra.callbacks.sweep_summary.lock_wait_s=<seconds> to wait")
+RUN_ADVICE = ("Two runs in one folder would overwrite each other's files: give this run its own folder "
+              "(hydra.run.dir=...), or wait until that run ends")
+
+
+def acquire(sweep_dir: str | Path, holder: dict[str, Any], wait_s: float = 0.0, poll_s: float = 1.0,
+            what: str = "sweep folder", advice: str = SWEEP_ADVICE) -> int:
     """Lock ``sweep_dir`` for this launch; returns the lock's file descriptor (``release`` it).
 
-    Raises ``SweepLocked`` when another process still holds it after ``wait_s`` seconds."""
+    Raises ``SweepLocked`` when another process still holds it after ``wait_s`` seconds (the message
+    calls the folder ``what`` and ends with ``advice``; a single run's folder: ``RUN_ADVICE``)."""
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     path = sweep_dir / LOCK_FILE
@@ -64,12 +72,10 @@ def acquire(sweep_dir: str | Path, holder: dict[str, Any], wait_s: float = 0.0, 
                 os.close(fd)
                 waited = f" after waiting {wait_s:g} s" if wait_s else ""
                 raise SweepLocked(
-                    f"sweep folder {sweep_dir} is in use by another launch{waited}: {describe(_holder(path))}. "
-                    f"Wait until it ends and run the command again (finished jobs are skipped), or set "
-                    f"hydra.callbacks.sweep_summary.lock_wait_s=<seconds> to wait; the lock ({path}) is "
-                    f"released when that process exits.") from None
+                    f"{what} {sweep_dir} is in use by another launch{waited}: {describe(_holder(path))}. "
+                    f"{advice}; the lock ({path}) is released when that process exits.") from None
             if not waiting:
-                log.info("Waiting up to %g s for sweep folder %s, in use by %s", wait_s, sweep_dir,
+                log.info("Waiting up to %g s for %s %s, in use by %s", wait_s, what, sweep_dir,
                          describe(_holder(path)))
                 waiting = True
             time.sleep(poll_s)

@@ -114,8 +114,25 @@ def job_dirname(overrides: Iterable[str]) -> str:
     return safe_name(",".join(normalized_overrides(overrides)), "default")
 
 
-def sweep_dirname(overrides: Iterable[str]) -> str:
-    """A sweep's folder name from the command's task overrides: ``multirun`` when only run-only
-    keys (and the preset) are given, else ``multirun_<overrides>``."""
+DEFAULT_SWEEPER = "basic"
+
+
+def sweeper_choice(hydra_overrides: Iterable[str]) -> str | None:
+    """The ``hydra/sweeper=<name>`` choice among a command's Hydra overrides (None when not given)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    found = None
+    for override in OverridesParser.create().parse_overrides([str(o) for o in hydra_overrides]):
+        if override.get_key_element().lstrip("+~") == "hydra/sweeper" and not override.is_delete():
+            found = str(override.value())
+    return found
+
+
+def sweep_dirname(overrides: Iterable[str], sweeper: str | None = None) -> str:
+    """A sweep's folder name from the command's task overrides and the sweeper it chose on the command
+    line: ``multirun`` when only run-only keys (and the preset) are given, else
+    ``multirun_<overrides>``; a sweeper other than ``basic`` comes first (``multirun_map_grid_<overrides>``),
+    so an Optuna, a grid and a basic sweep over the same overrides never share a folder."""
     name = ",".join(normalized_overrides(overrides))
-    return safe_name(f"multirun_{name}", "multirun") if name else "multirun"
+    parts = [p for p in ("multirun", None if sweeper in (None, DEFAULT_SWEEPER) else sweeper, name) if p]
+    return safe_name("_".join(parts), "multirun")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import platform
@@ -29,10 +30,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from laplace_lab.io.atomic import write_json_atomic  # noqa: F401 - re-exported (sweeps.callback uses it)
+
 # RUN_ONLY_KEYS / RUN_ONLY_SUBKEYS are re-exported: the one list lives in sweeps.run_only.
 from laplace_lab.sweeps.run_only import RUN_ONLY_KEYS, RUN_ONLY_SUBKEYS, strip_run_only  # noqa: F401
 
+log = logging.getLogger(__name__)
 STATUS_FILE = "status.json"
+METRICS_FILE = "metrics.json"
 LAUNCH_LOG = "launches.jsonl"
 SUMMARY_FILE = "summary.json"
 STATES = ("running", "finished", "failed")
@@ -56,18 +61,50 @@ def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+def read_json_file(path: str | Path) -> tuple[dict[str, Any] | None, str | None]:
+    """``(object, None)``, or ``(None, why)`` when the file is missing, unreadable, not JSON (e.g.
+    cut off by a killed writer) or not a JSON object."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, f"{path.name} is missing"
+    except (OSError, UnicodeDecodeError) as err:
+        return None, f"{path.name} cannot be read ({err})"
+    except ValueError as err:
+        return None, f"{path.name} is not valid JSON ({err})"
+    if not isinstance(data, dict):
+        return None, f"{path.name} is not a JSON object"
+    return data, None
 
 
 def read_status(job_dir: str | Path) -> dict[str, Any] | None:
     """The job's marker, or None when it has none (or an unreadable one)."""
-    try:
-        return json.loads((Path(job_dir) / STATUS_FILE).read_text())
-    except (OSError, ValueError):
-        return None
+    return read_json_file(Path(job_dir) / STATUS_FILE)[0]
+
+
+def read_metrics(job_dir: str | Path) -> dict[str, Any] | None:
+    """The job's ``metrics.json``, or None when it has none (or an unreadable one)."""
+    return read_json_file(Path(job_dir) / METRICS_FILE)[0]
+
+
+def set_aside_unreadable(job_dir: str | Path) -> list[Path]:
+    """Rename the job's unreadable ``status.json`` / ``metrics.json`` (a truncated file of a killed
+    writer) to ``<name>.unreadable-<time>``, logging each; the job then counts as unfinished and runs
+    again. Returns the new paths."""
+    moved = []
+    for name in (STATUS_FILE, METRICS_FILE):
+        path = Path(job_dir) / name
+        if not path.exists():
+            continue
+        _, why = read_json_file(path)
+        if why is None:
+            continue
+        aside = path.with_name(f"{name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}")
+        os.replace(path, aside)
+        log.warning("%s: %s; moved aside to %s, the job runs again", path, why, aside.name)
+        moved.append(aside)
+    return moved
 
 
 def write_status(job_dir: str | Path, **fields: Any) -> dict[str, Any]:
@@ -82,9 +119,9 @@ def write_status(job_dir: str | Path, **fields: Any) -> dict[str, Any]:
 
 
 def is_finished(job_dir: str | Path) -> bool:
-    """True when the folder holds a finished run: ``metrics.json`` and state ``finished``."""
+    """True when the folder holds a finished run: a readable ``metrics.json`` and state ``finished``."""
     status = read_status(job_dir)
-    return bool(status) and status.get("state") == "finished" and (Path(job_dir) / "metrics.json").is_file()
+    return bool(status) and status.get("state") == "finished" and read_metrics(job_dir) is not None
 
 
 def job_seconds(status: dict[str, Any], metrics: dict[str, Any]) -> tuple[float, str]:
@@ -115,16 +152,37 @@ def record_launch(sweep_dir: str | Path, launch: dict[str, Any] | None = None) -
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     launch = launch or new_launch()
-    with open(sweep_dir / LAUNCH_LOG, "a") as f:
-        f.write(json.dumps(launch) + "\n")
+    path = sweep_dir / LAUNCH_LOG
+    with open(path, "ab+") as f:  # one write of one line; after a cut-off last line, on a line of its own
+        cut_off = False
+        if f.seek(0, os.SEEK_END) > 0:
+            f.seek(-1, os.SEEK_END)
+            cut_off = f.read(1) != b"\n"
+        f.write((("\n" if cut_off else "") + json.dumps(launch) + "\n").encode())
     return launch
 
 
 def read_launches(sweep_dir: str | Path) -> list[dict[str, Any]]:
+    """The launch records of ``<sweep dir>/launches.jsonl``; a line that is not a JSON object (e.g.
+    cut off by a killed launch) is left out with a warning naming the file and the line."""
     path = Path(sweep_dir) / LAUNCH_LOG
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    launches = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            launch = json.loads(line)
+        except ValueError as err:
+            launch, why = None, f"not valid JSON ({err})"
+        else:
+            why = None if isinstance(launch, dict) else "not a JSON object"
+        if why:
+            log.warning("%s: line %d left out: %s", path, number, why)
+            continue
+        launches.append(launch)
+    return launches
 
 
 def job_launch_id(hydra_cfg: Any) -> str | None:

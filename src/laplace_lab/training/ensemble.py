@@ -26,6 +26,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from laplace_lab.io.atomic import write_text_atomic
 from laplace_lab.training.posthoc import fit_posthoc_laplace, needs_posthoc_laplace
 from laplace_lab.training.predictors import laplace_predictor, map_predictor, mixture_predictor
 
@@ -89,7 +90,7 @@ def run_member_job(cfg: DictConfig, output_dir: Path, train_fn: TrainFn) -> dict
     _, _, _, metrics = train_fn(member_config(cfg, k), output_dir, [])
     metrics = {**metrics, "ensemble/member": float(k), "ensemble/member_seed": float(member_seed(
         cfg.seed, k, cfg.ensemble.seed_stride))}
-    (output_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    write_text_atomic(output_dir / "metrics.json", json.dumps(metrics, indent=2))
     return metrics
 
 

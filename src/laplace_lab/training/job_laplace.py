@@ -5,6 +5,10 @@ stopping) and ``checkpoint.enabled=true``: its ``checkpoints/last.ckpt`` holds t
 callback's best-marglik weights and prior precisions, the state the run's final Laplace was fitted
 at. ``final_laplace`` fits that Laplace again exactly as the run did (``fit_posthoc_laplace`` on
 the same training rows), so its metrics are the run's ``laplace/...`` metrics.
+
+A job folder may come from elsewhere (restored records, a shared disk): its config's ``_target_``
+values are checked against ``safe_targets`` before anything is built, and the checkpoint is read
+with ``weights_only=True`` (tensors and plain containers only; no pickle payload runs).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.laplace import Laplace
+from laplace_lab.safe_targets import check_targets
 from laplace_lab.training.module import MAPCore
 
 
@@ -25,7 +30,11 @@ def best_state(job: Path) -> dict:
     path = Path(job) / "checkpoints" / "last.ckpt"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: the job must have run with checkpoint.enabled=true")
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)  # written by laplace_lab.train
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - cut off, or holds more than tensors and plain containers
+        raise ValueError(f"{path} cannot be read as a checkpoint of laplace_lab.train with weights_only=True "
+                         f"({type(err).__name__}: {err})") from err
     states = [v for k, v in checkpoint.get("callbacks", {}).items() if "OnlineMarglik" in k]
     if not states or states[0].get("best_state") is None:
         raise ValueError(f"{path} holds no online-marglik best state (a marglik=online method with early stopping)")
@@ -38,7 +47,9 @@ def load_job(job: Path, data_dir: str | None = None) -> tuple[DictConfig, LabDat
     # the entry point's builder (it imports Hydra): only when called
     from laplace_lab.train import build
 
-    cfg = OmegaConf.load(Path(job) / "config_resolved.yaml")
+    path = Path(job) / "config_resolved.yaml"
+    cfg = OmegaConf.load(path)
+    check_targets(cfg, where=str(path))  # a config is code: only the allowlist's classes are built
     if data_dir:
         cfg.paths.data_dir = data_dir
     datamodule, module = build(cfg, "plain")

@@ -1,5 +1,5 @@
-"""The Lightning classes of laplace-lab: ``MAPCore`` and ``OnlineMarglikCore`` as a
-``LightningModule`` and a ``Callback``, for Lightning's Trainer (``trainer.loop=lightning``).
+"""The Lightning classes of laplace-lab: ``MAPCore``, ``OnlineMarglikCore`` and ``EpochETA`` as a
+``LightningModule`` and ``Callback``s, for Lightning's Trainer (``trainer.loop=lightning``).
 
 Importing this module imports Lightning (seconds, with torchmetrics and what it pulls in); the
 plain loop (``training.plain_loop``) runs the core classes without it. ``MAPModule`` and
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytorch_lightning as pl
 
+from laplace_lab.training.epoch_eta import EpochETA
 from laplace_lab.training.module import MAPCore
 from laplace_lab.training.online_marglik import OnlineMarglikCore
 
@@ -27,3 +28,7 @@ class MAPModule(MAPCore, pl.LightningModule):
 
 class OnlineMarglik(OnlineMarglikCore, pl.Callback):
     """``OnlineMarglikCore`` as a Lightning callback (checkpoint state under the key ``OnlineMarglik``)."""
+
+
+class EpochETACallback(EpochETA, pl.Callback):
+    """``EpochETA`` (remaining training time after every epoch) as a Lightning callback."""

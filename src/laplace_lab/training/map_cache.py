@@ -16,12 +16,13 @@ The key hashes three things:
 - the code: the package version, torch's version and a hash of this package's Python sources.
 
 Runs with online marglik (which changes training) are never cached. An unreadable cache entry
-is retrained; an unwritable cache folder gives a warning and no cache, never a failed run.
+(cut off, garbage, not a state dict) is named in a warning and retrained; an unwritable cache folder
+gives a warning and no cache, never a failed run. Entries are written atomically under unique
+temporary names (``io.atomic``), so concurrent writers and readers never see a torn file.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from laplace_lab.io.atomic import atomic_path, write_text_atomic
 from laplace_lab.sweeps.run_only import RUN_ONLY_KEYS, RUN_ONLY_SUBKEYS, strip_run_only
 from laplace_lab.training.module import MAPCore
 
@@ -110,8 +112,9 @@ def load(module: MAPCore, path: Path | None) -> bool:
         return False
     try:
         module.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-    except (OSError, RuntimeError, ValueError, EOFError) as err:
-        log.warning("MAP cache entry %s is unreadable (%s: %s): training again", path, type(err).__name__, err)
+    except Exception as err:  # noqa: BLE001 - cut off, garbage, not a state dict: named, then trained again
+        log.warning("MAP cache entry %s is unreadable (%s: %s): training again (the entry is rewritten after "
+                    "training)", path, type(err).__name__, str(err).splitlines()[0] if str(err) else "")
         return False
     log.info("loaded the cached MAP network %s (training skipped)", path)
     return True
@@ -122,16 +125,13 @@ def save(module: MAPCore, path: Path | None, contents: dict[str, Any] | None = N
     written gives a warning and ``False`` (no cache), never an error that would lose the run."""
     if path is None:
         return False
-    tmp = path.with_suffix(".tmp")
-    try:
+    try:  # write-then-rename with a temporary name of this process and call: writers never share one
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(module.state_dict(), tmp)
-        tmp.replace(path)
+        with atomic_path(path) as tmp:
+            torch.save(module.state_dict(), tmp)
         if contents is not None:
-            path.with_suffix(".json").write_text(json.dumps(contents, indent=2, sort_keys=True, default=str))
+            write_text_atomic(path.with_suffix(".json"), json.dumps(contents, indent=2, sort_keys=True, default=str))
     except OSError as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         log.warning("MAP cache: cannot write %s (%s: %s); this run's network is not cached (map_cache.dir)",
                     path, type(err).__name__, err)
         return False

@@ -79,6 +79,9 @@ def fit_posthoc_laplace(cfg: DictConfig, module: MAPCore, datamodule: LabDataMod
                               tune_sigma_noise=tuning == "marglik" and module.likelihood == "regression",
                               **linear_mode_kwargs(cfg.marglik))
         metrics |= {"laplace/linear_mode_rounds": float(res.n_outer), "laplace/linear_mode_converged": float(res.converged),
+                    # the final solve: ||grad L(theta*)|| / ||grad L(theta_hat)|| and whether Newton stopped on its test
+                    "laplace/linear_mode_grad_residual": res.grad_residual,
+                    "laplace/linear_mode_final_converged": float(res.final_solve_converged),
                     "laplace/linear_mode_shift":  # ||theta* - theta_hat|| / ||theta_hat||
                         float(la.linear_offset.norm() / (la.mean - la.linear_offset).norm().clamp_min(1e-12))}
     elif tuning == "marglik":

@@ -26,12 +26,28 @@ def map_predictor(module: MAPCore) -> Callable:
     return predict
 
 
-def laplace_predictor(la, predictive: DictConfig) -> Callable:
-    """The Laplace predictive ``la(x, pred_type, link_approx, n_samples)`` of ``predictive/``."""
+def predictive_link(likelihood: str, predictive: DictConfig) -> str | None:
+    """``predictive.link_approx`` for classification; for Gaussian regression the glm predictive is
+    Gaussian, so it is its closed form whatever the link (``None``), as laplace-torch's ``la(x)``
+    (``predictive/`` documents the link as a classification option). ``pred_type=nn`` and
+    heteroscedastic regression keep the configured link (their samples are the predictive)."""
+    if likelihood == "regression" and predictive.pred_type == "glm":
+        return None
+    return predictive.link_approx
+
+
+def laplace_predictor(la, predictive: DictConfig, het_approx: str | None = None) -> Callable:
+    """The Laplace predictive ``la(x, pred_type, link_approx, n_samples)`` of ``predictive/``
+    (link: ``predictive_link``; heteroscedastic: with ``predictive.het_approx``, or ``het_approx``
+    where given)."""
+    link = predictive_link(la.likelihood, predictive)
+    kwargs = {}
+    if la.likelihood == "heteroscedastic_regression":
+        kwargs["het_approx"] = het_approx or predictive.get("het_approx", "mean")
 
     def predict(x: torch.Tensor):
-        out = la(x, pred_type=predictive.pred_type, link_approx=predictive.link_approx,
-                 n_samples=int(predictive.n_samples), diagonal_output=True)
+        out = la(x, pred_type=predictive.pred_type, link_approx=link,
+                 n_samples=int(predictive.n_samples), diagonal_output=True, **kwargs)
         if la.likelihood == "regression":  # la(x) returns the functional variance: add the noise
             return out[0], out[1] + la.sigma_noise.square().to(out[1])
         if isinstance(out, tuple):
@@ -39,6 +55,18 @@ def laplace_predictor(la, predictive: DictConfig) -> Callable:
         return out
 
     return predict
+
+
+def het_approx_alternatives(la, predictive: DictConfig) -> dict[str, Callable]:
+    """For a heteroscedastic glm closed-form predictive, the other closed form(s) as extra
+    predictors ``la_het_<approx>`` (the table judges ``la``; these stay as extra columns)."""
+    if la is None or la.likelihood != "heteroscedastic_regression" or predictive.pred_type != "glm" \
+            or predictive.link_approx == "mc":
+        return {}
+    from laplace_lab.laplace.predictive import HET_APPROXES
+
+    chosen = predictive.get("het_approx", "mean")
+    return {f"la_het_{a}": laplace_predictor(la, predictive, het_approx=a) for a in HET_APPROXES if a != chosen}
 
 
 def mixture_predictor(members: list[Callable], task: str) -> Callable:

@@ -45,7 +45,7 @@ def checkpoint_dir(cfg: DictConfig, output_dir: Path) -> Path:
 
 def validate_checkpoint_config(cfg: DictConfig) -> None:
     """``resume_from=last`` needs ``checkpoint.enabled=true`` (nothing would write the file it
-    resumes); a ``map_grid`` run trains one network per grid point, so one checkpoint path
+    resumes); a path must name an existing file; a ``map_grid`` run trains one network per grid point, so one checkpoint path
     cannot resume it (``last`` resumes each grid point from its own)."""
     resume = cfg.checkpoint.get("resume_from")
     if resume == LAST and not cfg.checkpoint.get("enabled"):
@@ -55,6 +55,9 @@ def validate_checkpoint_config(cfg: DictConfig) -> None:
         raise ValueError(f"checkpoint.resume_from={str(resume)!r} with map_grid: each grid point trains its own "
                          "network, so one checkpoint cannot resume them; allowed: checkpoint.resume_from=last "
                          "(each grid point from its own last.ckpt) or null")
+    if resume and resume != LAST and not Path(str(resume)).is_file():
+        raise ValueError(f"checkpoint.resume_from={str(resume)!r} does not exist (or is not a file); allowed: the "
+                         "path of a .ckpt file, last (the run's own last.ckpt, if any) or null")
 
 
 def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:

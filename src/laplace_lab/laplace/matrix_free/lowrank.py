@@ -194,6 +194,14 @@ class LowRankStructure(Structure):
     def dense_precision(self, c, prior):
         return (self.U * (c * self.eigvals)) @ self.U.T + torch.diag(self._prior(prior))
 
+    def square_norm(self, v, c, prior):
+        """``v^T (c U diag(l) U^T + diag(prior)) v`` without ``[P, P]``."""
+        return c * (self.eigvals * (self.U.T @ v).square()).sum() + (self._prior(prior) * v.square()).sum()
+
+    def curvature_top_eigenvectors(self, k):
+        top = self.eigvals.topk(min(k, self.eigvals.numel()))
+        return top.values, self.U[:, top.indices]
+
     def state_dict(self):
         return {"U": self.U, "eigvals": self.eigvals}
 

@@ -11,7 +11,8 @@ nothing outside the structure branches on its name. Required: ``reset``, ``accum
 ``precision``, ``dense_precision``, ``state_dict`` / ``load_state_dict`` and the ``H`` property.
 Optional (defaults here): ``finalize``, ``covariance``, ``square_norm``, ``curvature_eigenvalues``
 (fast marglik), ``cholesky`` (dense fast marglik), ``preconditioner`` (linear-mode CG),
-``posterior_view`` (the glm predictive; default: dense per-input Jacobians).
+``posterior_view`` (the glm predictive; default: dense per-input Jacobians),
+``curvature_top_eigenvectors`` (the loss-landscape slices along the posterior's eigen-directions).
 Class attributes declare ``prior_structures`` and ``curvatures`` it supports, its extra constructor
 ``options`` and whether ``chain.Chain`` may hand it modules in any block order.
 """
@@ -128,6 +129,13 @@ class Structure:
         the structure supports is diagonal (``eigen_marglik.EigenMarglik``), or ``None`` when there is none."""
         return None
 
+    def curvature_top_eigenvectors(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(lam [k'], U [P, k'])``: the ``k' <= k`` largest eigenvalues of ``H`` (descending) and
+        unit eigenvectors as columns, in parameter order. Optional: a structure offers it by overriding
+        it (``offers_eigenvectors``); the default raises ``ValueError``."""
+        raise ValueError(f"hessian_structure={self.name!r} offers no eigenvectors of its curvature; structures "
+                         f"that do: {[n for n, c in STRUCTURES.items() if offers_eigenvectors(c)]}")
+
     dense_cholesky = False  # True: ``cholesky(c, prior)`` factorises a dense precision (``FullMarglik``)
 
     def cholesky(self, c, prior) -> torch.Tensor:
@@ -159,3 +167,8 @@ class Structure:
     def randn(self, *shape, generator=None):
         """``[*shape]`` standard normals on the structure's device and dtype (``sample`` draws through it)."""
         return torch.randn(*shape, generator=generator, device=self.device, dtype=self.dtype)
+
+
+def offers_eigenvectors(cls: type[Structure]) -> bool:
+    """Whether structure class ``cls`` implements ``curvature_top_eigenvectors``."""
+    return cls.curvature_top_eigenvectors is not Structure.curvature_top_eigenvectors

@@ -89,6 +89,11 @@ class FullStructure(Structure):
         """``(lam [P], U [P, P])``: float64 eigendecomposition ``H = U diag(lam) U^T``."""
         return torch.linalg.eigh(self._H_acc())
 
+    def curvature_top_eigenvectors(self, k):
+        lam, U = self.curvature_eigh()  # ascending
+        k = min(k, self.n_params)
+        return lam[-k:].flip(0).to(self.dtype), U[:, -k:].flip(1).to(self.dtype)
+
     def _precision64(self, c, prior):
         """``c H + diag(prior)`` in float64 (the prior added in place on the diagonal: no ``[P, P]``
         diagonal matrix is built; the same values as ``c H + torch.diag(prior)``)."""

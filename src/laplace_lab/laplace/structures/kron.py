@@ -41,6 +41,11 @@ class KronBlock:
         """Eigenvalues of the curvature block, shaped like the block's coordinates."""
         raise NotImplementedError
 
+    def eigenvector(self, j: int) -> torch.Tensor:
+        """The unit eigenvector of flat eigenvalue index ``j`` (of ``curvature_eigenvalues().reshape(-1)``),
+        flat in the block's coordinates."""
+        raise NotImplementedError
+
     def eigvals(self, c, delta) -> torch.Tensor:
         """Eigenvalues of ``c H_block + delta``."""
         return c * self.curvature_eigenvalues() + delta
@@ -74,6 +79,10 @@ class KronWeightBlock(KronBlock):
     def curvature_eigenvalues(self):
         return torch.outer(self.lamG, self.lamA)
 
+    def eigenvector(self, j):
+        g, a = divmod(j, self.lamA.numel())  # weight.flatten() is (out, in): G's index is the outer one
+        return torch.outer(self.QG[:, g], self.QA[:, a]).reshape(-1)
+
     def apply(self, X, scale):
         QG, QA = self.QG, self.QA
         Z = X.reshape(*X.shape[:-1], QG.shape[0], QA.shape[0])
@@ -104,6 +113,9 @@ class KronBiasBlock(KronBlock):
     def curvature_eigenvalues(self):
         return self.lamG
 
+    def eigenvector(self, j):
+        return self.QG[:, j]
+
     def apply(self, X, scale):
         return ((X @ self.QG) * scale) @ self.QG.T
 
@@ -128,6 +140,11 @@ class DiagBlock(KronBlock):
 
     def curvature_eigenvalues(self):
         return self.h
+
+    def eigenvector(self, j):
+        e = torch.zeros_like(self.h)
+        e[j] = 1.0
+        return e
 
     def apply(self, X, scale):
         return X * scale
@@ -257,6 +274,20 @@ class KronStructure(Structure):
 
     def square_norm(self, v, c, prior):
         return v @ self._map(v, c, prior, 1.0)
+
+    def curvature_top_eigenvectors(self, k):
+        """The ``k`` largest eigenpairs over every block (each eigenvector lives in one tensor)."""
+        found = []  # (eigenvalue, block, flat index in the block)
+        for i, b in enumerate(self.blocks):
+            lam = b.curvature_eigenvalues().reshape(-1)
+            top = lam.topk(min(k, lam.numel()))
+            found += [(v, i, j) for v, j in zip(top.values.tolist(), top.indices.tolist())]
+        found = sorted(found, key=lambda t: -t[0])[:k]
+        offsets = [0, *torch.tensor(self.sizes).cumsum(0).tolist()]
+        U = torch.zeros(self.n_params, len(found), device=self.device, dtype=self.dtype)
+        for col, (_, i, j) in enumerate(found):
+            U[offsets[i]:offsets[i + 1], col] = self.blocks[i].eigenvector(j)
+        return torch.tensor([v for v, _, _ in found], device=self.device, dtype=self.dtype), U
 
     def posterior_view(self, la):
         from laplace_lab.laplace.functional_variance import LayerwiseView

@@ -1,0 +1,46 @@
+"""Names a reader understands, for figure titles and the console summary: the data set of a run
+(``dataset_label``), its Laplace predictive (``laplace_label``) and the predictors (``PREDICTORS``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# evaluation keys -> names on figures and in the summary
+PREDICTORS = {"map": "MAP", "la": "Laplace", "de": "deep ensemble", "mola": "MoLA"}
+STRUCTURES = {"kron": "KFAC", "diag": "diagonal", "full": "full", "lowrank": "low-rank"}
+LINKS = {"probit": "probit", "mc": "MC", "bridge": "Laplace bridge", "bridge_norm": "Laplace bridge (normalised)"}
+
+
+def predictor_label(name: str) -> str:
+    """``la`` -> ``Laplace``; unknown names unchanged."""
+    return PREDICTORS.get(name, name)
+
+
+def dataset_label(data: Mapping[str, Any]) -> str:
+    """The run's data set from its ``data`` config: ``mnist``, ``uci yacht (split 3)``,
+    ``toy2d moons``, ``sinusoid`` (the data module's class name, less ``DataModule``, otherwise)."""
+    target = str(data.get("_target_", "")).rsplit(".", 1)[-1]
+    if data.get("name"):
+        label = str(data["name"])
+        if target == "UCIDataModule" or data.get("split") is not None:
+            label = f"uci {label} (split {data.get('split')})"
+        transform = data.get("transform")
+        return label if transform in (None, "none") else f"{label} {transform}"
+    if data.get("kind"):
+        return f"toy2d {data['kind']}"
+    return target.removesuffix("DataModule").lower() or "data"
+
+
+def laplace_label(cfg: Mapping[str, Any], likelihood: str = "classification") -> str:
+    """``last-layer KFAC-GGN, GLM predictive (MC)`` from the ``curvature`` and ``predictive`` groups
+    (Gaussian regression's GLM predictive: ``closed form``, see ``training.predictors``)."""
+    curvature, predictive = cfg.get("curvature") or {}, cfg.get("predictive") or {}
+    subset = "last-layer" if curvature.get("subset_of_weights") == "last_layer" else "all-weights"
+    structure = STRUCTURES.get(curvature.get("hessian_structure"), curvature.get("hessian_structure"))
+    kind = str(curvature.get("type", "")).upper().replace("MC_FISHER", "MC-Fisher")
+    pred = str(predictive.get("pred_type", "")).upper().replace("NN", "sampled-network")
+    link = LINKS.get(predictive.get("link_approx"), predictive.get("link_approx"))
+    if likelihood == "regression" and predictive.get("pred_type") == "glm":
+        link = "closed form"
+    return f"{subset} {structure}-{kind}, {pred} predictive ({link})"

@@ -1,0 +1,103 @@
+"""SIGTERM and SIGINT end a run or a sweep as a failure, never as a quiet success.
+
+SLURM time limits, preemption and ``kill`` send SIGTERM; Ctrl+C sends SIGINT. Left alone, Lightning
+turns SIGTERM into "stop training early", after which the run evaluated and exited 0 as if it had
+finished, and a multirun's killed job stayed ``running`` with no summary. Here:
+
+- ``install()`` makes both signals raise ``JobInterrupted`` (a ``BaseException``, like
+  ``KeyboardInterrupt``, so neither ``except Exception`` in the job nor Hydra's job runner swallows
+  it) in the main thread, wherever it is: training (Lightning chains this handler after its own), the
+  Laplace fit, the evaluation. Signals arriving while the interruption is handled are ignored.
+- ``sweeps.jobs.run_tracked`` marks the job ``failed`` in its ``status.json`` (``interrupted``: the
+  signal's name; a relaunch runs it again, from its last checkpoint with
+  ``checkpoint.resume_from=last``) and lets the exception go on.
+- ``on_interrupt(fn)``: ``fn(err)`` runs once the exception reaches the entry point (the
+  ``SweepSummary`` callback writes the sweep's ``summary.json`` there).
+- ``exit_on_interrupt(main)``: the entry point's wrapper: installs the handlers, runs the
+  ``on_interrupt`` functions and exits with status ``128 + signal number`` (143 for SIGTERM, 130
+  for SIGINT).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+HANDLED = (signal.SIGTERM, signal.SIGINT)
+_finalizers: list[Callable[[JobInterrupted], None]] = []
+_state = {"interrupted": None}
+
+
+class JobInterrupted(BaseException):
+    """A SIGTERM / SIGINT arrived; ``signum`` is its number, ``exit_code`` 128 + it."""
+
+    def __init__(self, signum: int):
+        self.signum = int(signum)
+        self.signal_name = signal.Signals(self.signum).name
+        self.exit_code = 128 + self.signum
+        super().__init__(f"interrupted by {self.signal_name}")
+
+
+def _handler(signum: int, frame: Any) -> None:
+    if _state["interrupted"] is not None:  # already stopping: let the clean-up finish
+        log.warning("%s received again while stopping after %s: ignored", signal.Signals(signum).name,
+                    _state["interrupted"].signal_name)
+        return
+    err = JobInterrupted(signum)
+    _state["interrupted"] = err
+    log.error("Received %s: stopping (the job is marked failed; rerun the command to run it again)", err.signal_name)
+    raise err
+
+
+def install() -> bool:
+    """Handle SIGTERM and SIGINT as above (main thread only); returns whether it could."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    _state["interrupted"] = None
+    for signum in HANDLED:
+        signal.signal(signum, _handler)
+    return True
+
+
+def on_interrupt(fn: Callable[[JobInterrupted], None]) -> None:
+    """Run ``fn(err)`` when an interruption reaches ``exit_on_interrupt`` (once, in registration order)."""
+    _finalizers.append(fn)
+
+
+def remove(fn: Callable[[JobInterrupted], None]) -> None:
+    if fn in _finalizers:
+        _finalizers.remove(fn)
+
+
+def finish(err: JobInterrupted) -> None:
+    """Run and forget the ``on_interrupt`` functions; an error in one is logged, the others still run."""
+    while _finalizers:
+        fn = _finalizers.pop(0)
+        try:
+            fn(err)
+        except Exception as exc:  # noqa: BLE001 - the exit status already says the run failed
+            log.error("while stopping after %s: %s: %s", err.signal_name, type(exc).__name__, exc)
+
+
+def exit_on_interrupt(main: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap an entry point: ``install()``, then on ``JobInterrupted`` ``finish`` and exit 128 + signum."""
+
+    @functools.wraps(main)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        install()
+        try:
+            return main(*args, **kwargs)
+        except JobInterrupted as err:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # no second interruption of the clean-up
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            finish(err)
+            print(f"Stopped by {err.signal_name} (exit status {err.exit_code})", file=sys.stderr)
+            sys.exit(err.exit_code)
+
+    return wrapper
