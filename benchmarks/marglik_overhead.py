@@ -16,8 +16,11 @@ hyper steps) from the callback's log.
 
     .venv/bin/python benchmarks/marglik_overhead.py [--epochs 3] [--n-steps 100] [--n-train 10000]
         [--repeats 1] [--threads 2] [--clock wall] [--methods ggn,ef,mc,fused-ef,fused-mc] [--skip-peer]
+        [--device cpu|cuda]
 
-The marglik-step columns come from the callback's log (wall clock either way).
+The marglik-step columns come from the callback's log (wall clock either way). ``--device cuda``:
+Lightning's GPU accelerator for ours, the model and batches on the GPU for the bare loop and the peer,
+``torch.cuda.synchronize()`` before every clock reading (wall clock only).
 """
 
 from __future__ import annotations
@@ -38,6 +41,14 @@ from laplace_lab.training.online_marglik import OnlineMarglik
 
 DATA_DIR = os.environ.get("LAPLACE_LAB_DATA_DIR", "data")  # as conf/paths: the env, else data/
 CLOCK = time.perf_counter  # --clock cpu: time.process_time (robust to other jobs on a shared box)
+DEVICE = torch.device("cpu")  # --device
+
+
+def now() -> float:
+    """``CLOCK()`` after the device's queued work (CUDA) has finished."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+    return CLOCK()
 
 
 class EpochTimer(pl.Callback):
@@ -47,10 +58,10 @@ class EpochTimer(pl.Callback):
         self.times: list[float] = []
 
     def on_train_epoch_start(self, trainer, module):
-        self._start = CLOCK()
+        self._start = now()
 
     def on_train_epoch_end(self, trainer, module):
-        self.times.append(CLOCK() - self._start)
+        self.times.append(now() - self._start)
 
 
 def datamodule(n_train: int) -> VisionDataModule:
@@ -61,9 +72,11 @@ def datamodule(n_train: int) -> VisionDataModule:
 
 def test_metrics(model: nn.Module, dm: VisionDataModule) -> tuple[float, float]:
     model.eval()
+    device = next(model.parameters()).device
     correct, nll, n = 0, 0.0, 0
     with torch.no_grad():
         for x, y in dm.test_dataloader():
+            x, y = x.to(device), y.to(device)
             f = model(x)
             correct += int((f.argmax(-1) == y).sum())
             nll += float(nn.functional.cross_entropy(f, y, reduction="sum"))
@@ -87,7 +100,7 @@ def run_ours(dm, epochs, n_steps, structure_type=None, fused=False):
         callbacks.insert(0, marglik)
     trainer = pl.Trainer(max_epochs=epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
-                         accelerator="cpu", callbacks=callbacks)
+                         accelerator="gpu" if DEVICE.type == "cuda" else "cpu", devices=1, callbacks=callbacks)
     trainer.fit(module, datamodule=dm)
     acc, nll = test_metrics(model, dm)
     final = marglik.history[-1]["marglik/log_marglik"] if marglik else float("nan")
@@ -99,16 +112,17 @@ def run_ours(dm, epochs, n_steps, structure_type=None, fused=False):
 
 def run_torch_map(dm, epochs):
     torch.manual_seed(0)
-    model = LeNet((1, 28, 28), 10)
+    model = LeNet((1, 28, 28), 10).to(DEVICE)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     times = []
     for _ in range(epochs):
-        start = CLOCK()
+        start = now()
         for x, y in dm.train_dataloader():
+            x, y = x.to(DEVICE), y.to(DEVICE)
             opt.zero_grad()
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
-        times.append(CLOCK() - start)
+        times.append(now() - start)
     return times
 
 
@@ -118,14 +132,14 @@ def run_laplace_torch(dm, epochs, n_steps, backend_name):
 
     backend = {"curvlinops": CurvlinopsGGN, "backpack": BackPackGGN}[backend_name]
     torch.manual_seed(0)
-    model = LeNet((1, 28, 28), 10)
-    start = CLOCK()
+    model = LeNet((1, 28, 28), 10).to(DEVICE)
+    start = now()
     la, model, margliks, _ = marglik_training(
         model, dm.train_dataloader(), likelihood="classification", hessian_structure="kron", backend=backend,
         n_epochs=epochs, lr_hyp=0.1, prior_structure="layerwise", n_hypersteps=n_steps, marglik_frequency=1,
         optimizer_kwargs={"lr": 1e-3},
     )
-    total = CLOCK() - start
+    total = now() - start
     acc, nll = test_metrics(model, dm)
     return [total / epochs] * epochs, acc, nll, -float(margliks[-1]), []
 
@@ -151,13 +165,17 @@ def main() -> None:
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="wall: perf_counter; cpu: process CPU time (for a loaded machine, with --threads 1)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (wall clock only)")
     args = parser.parse_args()
-    global CLOCK
+    global CLOCK, DEVICE
     CLOCK = time.perf_counter if args.clock == "wall" else time.process_time
+    DEVICE = torch.device(args.device)
+    if DEVICE.type == "cuda" and (args.clock != "wall" or not torch.cuda.is_available()):
+        parser.error("--device cuda needs a CUDA device and --clock wall")
     torch.set_num_threads(args.threads)
     dm = datamodule(args.n_train)
     print(f"LeNet-5, {args.n_train} MNIST images, batch 128, {args.epochs} epochs, K={args.n_steps}, F=1, "
-          f"{torch.get_num_threads()} threads, {args.repeats} repeat(s), {args.clock} clock")
+          f"{torch.get_num_threads()} threads, {args.repeats} repeat(s), {args.clock} clock, device {DEVICE}")
     methods = [METHODS[m] for m in args.methods.split(",") if m]
     peers = [] if args.skip_peer else ["curvlinops", "backpack"]
     runs: dict[str, list] = {}  # name -> per repeat (times, acc, nll, lml, steps)

@@ -49,20 +49,35 @@ class TemperedSoftmax:
         return torch.softmax(self.model(x) / self.temperature, -1)
 
 
-def read_wandb_keys(run_dir) -> set[str]:
+def read_wandb_keys(run_dir, wait_s: float = 60.0) -> set[str]:
     """Keys of every history/summary record in an offline run's ``run-*.wandb`` file.
 
     The file is a LevelDB-style log (7-byte ``:W&B`` header, 32 KiB blocks, records with a
     7-byte header ``crc32 u32, length u16, type u8``; types full/first/middle/last) of
     ``wandb_internal_pb2.Record`` protobufs. wandb >= 0.19 has no Python reader for it.
+    ``run.finish()`` can return before wandb's writer has flushed the file, so this re-reads
+    it until the run's ``exit`` record is there (at most ``wait_s`` seconds), then fails.
     """
-    import struct
+    import time
     from pathlib import Path
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        (path,) = Path(run_dir).glob("run-*.wandb")
+        kinds, keys = _parse_wandb_log(path.read_bytes())
+        if "exit" in kinds:
+            return keys
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path}: no exit record after {wait_s} s (records: {kinds})")
+        time.sleep(0.2)
+
+
+def _parse_wandb_log(buf: bytes) -> tuple[list[str], set[str]]:
+    """(record types in order, history/summary keys) of a ``run-*.wandb`` byte string."""
+    import struct
 
     from wandb.proto import wandb_internal_pb2
 
-    (path,) = Path(run_dir).glob("run-*.wandb")
-    buf = path.read_bytes()
     assert buf[:4] == b":W&B", "not a wandb transaction log"
     block, off, records, partial = 32768, 7, [], b""
     while off + 7 <= len(buf):
@@ -72,6 +87,8 @@ def read_wandb_keys(run_dir) -> set[str]:
             continue
         _, n, kind = struct.unpack("<IHB", buf[off : off + 7])
         data = buf[off + 7 : off + 7 + n]
+        if len(data) < n:
+            break  # a record still being written
         off += 7 + n
         if kind == 1:
             records.append(data)
@@ -83,15 +100,16 @@ def read_wandb_keys(run_dir) -> set[str]:
             records.append(partial + data)
         else:
             break
-    keys = set()
+    kinds, keys = [], set()
     for data in records:
         rec = wandb_internal_pb2.Record()
         rec.ParseFromString(data)
         kind = rec.WhichOneof("record_type")
+        kinds.append(kind)
         items = rec.history.item if kind == "history" else rec.summary.update if kind == "summary" else []
         for item in items:
             keys.add(item.key or item.nested_key[0])
-    return keys
+    return kinds, keys
 
 
 def write_fake_cifar10c(root, corruptions=("fog", "snow"), per_severity=4):

@@ -295,10 +295,12 @@ def test_landscape_off_or_without_inputs_is_skipped(tmp_path, image_setup):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("subset,structure,directions", [("last_layer", "kron", "eigen"), ("all", "full", "random")])
+@pytest.mark.parametrize("subset,structure,directions", [("last_layer", "kron", "random"), ("all", "full", "random")])
 def test_landscape_on_cuda_matches_the_cpu(linear_setup, subset, structure, directions):
     """The same slices on the GPU as on the CPU: a Sequential's last layer (the cached-inputs
-    shortcut) and the two-layer linear model (the general forward)."""
+    shortcut) and the two-layer linear model (the general forward). Random directions: with two
+    regression outputs the Kron eigenvalues come in equal pairs (``G = N I``), so an eigenbasis is
+    not unique and CPU and CUDA ``eigh`` pick different ones (seen on an H200)."""
     import copy
 
     torch.manual_seed(0)

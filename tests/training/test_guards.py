@@ -51,7 +51,19 @@ def test_nonfinite_final_metrics_mark_the_job_failed(tmp_path):
 
 
 def test_rejected_hyper_steps_are_counted_and_warned(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(hyper, "all_finite", lambda tensors: False)  # every hyper step rejected
+    monkeypatch.setattr(hyper, "all_finite", lambda tensors: False)  # every autograd hyper step rejected
+    closed_form = hyper.MarglikOptimizer.closed_form
+
+    class NaNGradient:  # the device-side loop (run_closed_form) sees a non-finite gradient
+        def __init__(self, fast):
+            self.fast = fast
+
+        def grad_log(self, log_prior, log_sigma):
+            g_prior, g_sigma = self.fast.grad_log(log_prior, log_sigma)
+            return g_prior * float("nan"), None if g_sigma is None else g_sigma * float("nan")
+
+    monkeypatch.setattr(hyper.MarglikOptimizer, "closed_form",
+                        staticmethod(lambda la: None if (f := closed_form(la)) is None else NaNGradient(f)))
     cfg = compose_config(["data=toy2d", "data.n_train=64", "data.n_val=32", "data.n_test=32", "marglik=online",
                           "marglik.n_steps=4", "trainer.max_epochs=2", "curvature=kron", "logger=csv",
                           "evaluation=none", "predictive=map", "trainer.enable_progress_bar=false"])

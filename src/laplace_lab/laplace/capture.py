@@ -49,7 +49,7 @@ class Call:
     the dense gradient ``[N, K, C, H W]`` with its positions in 2x2-block order (``(qy, qx, a, b)``
     for ``y = 2 a + qy``, ``x = 2 b + qx``); ``grad`` reorders it on first access."""
 
-    __slots__ = ("args", "kwargs", "_output", "_output_fn", "_out_shape", "version", "_grad", "_grads",
+    __slots__ = ("args", "kwargs", "_output", "_output_fn", "_out_shape", "version", "_grad", "_grads", "node",
                  "pooled", "s2d", "__weakref__")
 
     def __init__(self, args: tuple, kwargs: dict, output: torch.Tensor | None, grad: torch.Tensor | None = None,
@@ -62,6 +62,7 @@ class Call:
         self._grads = None
         self.pooled = None
         self.s2d = None
+        self.node = None  # the output's grad_fn (set by Capture; kept when the output itself is not)
 
     @property
     def output(self) -> torch.Tensor:
@@ -117,6 +118,43 @@ class Call:
         self._grad, self._grads, self.pooled, self.s2d = None, list(value), None, None
 
 
+class Streamed:
+    """A batch whose curvature reaches the structure during the backward (``Capture.stream``): call
+    ``run(accumulate)`` once; it back-propagates and calls ``accumulate(records, first)`` with records
+    holding groups of calls with one factor's output gradients (``first``: the first factor, whose
+    groups also count the statistics of the inputs)."""
+
+    def __init__(self, run):
+        self.run = run
+
+
+def graph_nodes(root, leaf: torch.Tensor) -> tuple[set, set]:
+    """``(below, reaching)``: the autograd nodes below ``root`` (a ``grad_fn``), and those of them from
+    which ``leaf`` (a tensor requiring grad) is reached. A tensor whose ``grad_fn`` is not in ``below``
+    gets no gradient from ``root``; one whose ``grad_fn`` is in ``reaching`` depends on ``leaf``."""
+    parents: dict = {}
+    target, seen, stack = None, {root}, [root]
+    while stack:
+        node = stack.pop()
+        for child, _ in node.next_functions:
+            if child is None:
+                continue
+            parents.setdefault(child, []).append(node)
+            if getattr(child, "variable", None) is leaf:
+                target = child
+            if child not in seen:
+                seen.add(child)
+                stack.append(child)
+    out: set = set()
+    stack = [target] if target is not None else []
+    while stack:
+        for parent in parents.get(stack.pop(), ()):
+            if parent not in out:
+                out.add(parent)
+                stack.append(parent)
+    return seen, out
+
+
 @dataclass
 class Record:
     module: nn.Module
@@ -130,8 +168,15 @@ def has_inplace_modules(model: nn.Module) -> bool:
 
 class Capture:
     def __init__(self, modules: list[nn.Module], protect_inplace: bool = True,
-                 batched_backward: bool | None = None, grad_hooks: bool = False, detach_inputs: bool = True):
+                 batched_backward: bool | None = None, grad_hooks: bool = False, detach_inputs: bool = True,
+                 stream: bool = False):
         self.detach_inputs = detach_inputs  # False: recorded inputs keep their graph (differentiable re-use)
+        # stream: for ``stream`` only. Outputs are not kept (their shape and grad_fn are); a tensor hook
+        # registered when the module returns hands ``stream`` the gradient (as for grad_hooks, a later
+        # in-place op does not change what it sees). Saves the outputs that autograd does not keep.
+        self.stream_mode = stream
+        self._sink = None  # set by ``stream`` while it back-propagates
+        self._silent: list = []  # (record index, call) without a gradient from f (``can_stream``)
         self.records = [Record(m) for m in modules]
         self._handles: list = []
         self.protect_inplace = protect_inplace
@@ -142,7 +187,7 @@ class Capture:
         # semantics for hooks registered before an in-place modification).
         self.grad_hooks = grad_hooks
 
-    def _hook(self, record: Record):
+    def _hook(self, record: Record, index: int):
         def hook(module, args, kwargs, output):
             if not isinstance(output, torch.Tensor):
                 raise NotImplementedError(
@@ -151,7 +196,24 @@ class Capture:
                 )
             if self.detach_inputs:
                 args = tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args)
+            if self.stream_mode:
+                call = Call(args, kwargs, None, out_shape=output.shape)
+                call.node = output.grad_fn
+                record.calls.append(call)
+                if output.requires_grad:  # weak references: the hook lives on the graph node, which the
+                    # call holds (``node``), so strong ones would form a cycle through C++ that
+                    # Python's collector cannot see, leaking every batch's inputs and graph
+                    cap_ref, call_ref = weakref.ref(self), weakref.ref(call)
+
+                    def deliver(g):
+                        cap, c = cap_ref(), call_ref()
+                        if cap is not None and c is not None:
+                            cap._deliver(index, c, g)
+
+                    output.register_hook(deliver)
+                return None
             call = Call(args, kwargs, output)
+            call.node = output.grad_fn
             record.calls.append(call)
             if self.grad_hooks and output.requires_grad:
                 # a weak reference: the hook lives on the output (held from C++, which Python's
@@ -174,9 +236,9 @@ class Capture:
         return hook
 
     def __enter__(self) -> Capture:
-        for r in self.records:
+        for i, r in enumerate(self.records):
             r.calls.clear()
-            self._handles.append(r.module.register_forward_hook(self._hook(r), with_kwargs=True))
+            self._handles.append(r.module.register_forward_hook(self._hook(r, i), with_kwargs=True))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -187,6 +249,72 @@ class Capture:
     def modified_inplace(self) -> bool:
         """True if an unprotected recorded output was written in place after its module returned."""
         return any(c.version >= 0 and c.output._version != c.version for r in self.records for c in r.calls)
+
+    def _deliver(self, index: int, call: Call, g: torch.Tensor) -> None:
+        if self._sink is not None:
+            self._sink(index, call, g.detach().unsqueeze(0))
+
+    def can_stream(self, f: torch.Tensor, source: torch.Tensor) -> bool:
+        """Whether ``stream`` sees every recorded output's gradient: each output that gets one from
+        ``f`` depends on ``source`` (the backward w.r.t. ``source`` passes through it). Notes the calls
+        that get none (no grad, or no path to ``f``: zero gradients) for ``stream``."""
+        if f.grad_fn is None or not source.requires_grad:
+            return False
+        below, reaching = graph_nodes(f.grad_fn, source)
+        calls = [(i, c) for i, r in enumerate(self.records) for c in r.calls]
+        self._silent = [(i, c) for i, c in calls if c.node is None or c.node not in below]
+        return all(c.node in reaching for i, c in calls if (i, c) not in self._silent)
+
+    def stream(self, f: torch.Tensor, V: torch.Tensor, source: torch.Tensor, accumulate, budget: int) -> None:
+        """Back-propagate the ``K`` factors one at a time (``V`` ``[K, *f.shape]``) w.r.t. ``source``
+        (a model input requiring grad; ``can_stream`` was true), taking each recorded output's
+        gradient as it arrives (tensor hooks: registered now, or by a ``Capture(stream=True)``
+        forward). A module's record is complete once all its calls' gradients of the factor are in
+        (calls without one get zeros first); whenever complete records hold ``budget`` elements, and
+        after each factor, ``accumulate(records, first)`` gets them (calls with ``grad``
+        ``[1, *output]``; the other records empty) and their gradients are dropped. So about
+        ``budget`` elements of output gradients (plus the modules still waiting for a call's) are
+        alive instead of ``K`` times the activations."""
+        K = V.shape[0]
+        held: dict[int, list] = {}  # record index -> its calls whose gradient has arrived
+        state = {"size": 0, "first": True}
+
+        def flush(final: bool) -> None:
+            done = [i for i, got in held.items() if final or len(got) == len(self.records[i].calls)]
+            if not done:
+                return
+            parts = [Record(r.module) for r in self.records]
+            for i in done:
+                parts[i].calls = self.records[i].calls
+            accumulate(parts, state["first"])
+            for i in done:
+                for c in held.pop(i):
+                    state["size"] -= c.grad.numel()
+                    c.grad = None
+
+        def take(i, c, g) -> None:
+            c.grad = g
+            held.setdefault(i, []).append(c)
+            state["size"] += g.numel()
+            if state["size"] >= budget:
+                flush(final=False)
+
+        silent = {id(c) for _, c in self._silent}
+        handles = [] if self.stream_mode else [
+            c.output.register_hook(lambda g, i=i, c=c: self._deliver(i, c, g))
+            for i, r in enumerate(self.records) for c in r.calls if id(c) not in silent]
+        self._sink = take
+        try:
+            for k in range(K):
+                state["first"] = k == 0
+                for i, c in self._silent:
+                    take(i, c, torch.zeros((1, *c.out_shape), dtype=V.dtype, device=V.device))
+                torch.autograd.grad(f, source, grad_outputs=V[k], retain_graph=k < K - 1)
+                flush(final=True)
+        finally:
+            self._sink = None
+            for h in handles:
+                h.remove()
 
     def backward(self, f: torch.Tensor, V: torch.Tensor, retain_graph: bool = False) -> None:
         """Fill ``call.grad`` / ``call.grads`` for every recorded call; ``V``: [K, *f.shape]."""

@@ -109,6 +109,7 @@ class EigenMarglik:
         self.n_norm = la.n_data * (la.n_outputs or 1)
         self.sigma_noise = la.sigma_noise.detach()
         self.order = self.index = None
+        self.one_kernel = False
         groups = la.prior.tensor_index()  # [n_layers] entry of the prior values per tensor; None: diagonal
         if groups is None:  # one precision per parameter: no groups
             self.split = None
@@ -124,6 +125,8 @@ class EigenMarglik:
             self.h = h[order].contiguous() if h is not None else None
             self.order, self.index = order, index
             counts = torch.bincount(index, minlength=self.n_groups)
+            self.lengths = counts  # on the device: one-kernel expansions and group sums there
+            self.one_kernel = counts.is_cuda  # see _expand
             self.split = counts.tolist()
             self.group_sizes = counts.to(self.dtype)
             self.group_diff2 = torch.zeros(self.n_groups, dtype=self.dtype, device=device).index_add_(0, index, diff2)
@@ -177,9 +180,20 @@ class EigenMarglik:
         return prior
 
     def _expand(self, delta: torch.Tensor) -> torch.Tensor:
+        """``[n_groups]`` -> ``[P]`` group-sorted (the identity for a diagonal prior). ``one_kernel``
+        (CUDA): one kernel without a host synchronisation; else views + one copy (measured faster on
+        the CPU than ``repeat_interleave`` or a gather)."""
         if self.split is None:
             return delta
+        if self.one_kernel:
+            return torch.repeat_interleave(delta, self.lengths, output_size=self.n_params)
         return torch.cat([d.expand(n) for d, n in zip(delta.unbind(), self.split)])
+
+    def _group_sums(self, x: torch.Tensor) -> torch.Tensor:
+        """``[P]`` group-sorted -> ``[n_groups]`` sums (``one_kernel``: one kernel, no host synchronisation)."""
+        if self.one_kernel:
+            return torch.segment_reduce(x, "sum", lengths=self.lengths, unsafe=True)
+        return torch.stack([part.sum() for part in x.split(self.split)])
 
     def _scale(self, sigma_noise):
         """``(c, sigma)``: curvature scale and the noise std (regression) or ``None``."""
@@ -217,7 +231,7 @@ class EigenMarglik:
         if self.split is None:
             g = -0.5 * (delta * inv - 1.0 + delta * self.diff2)
         else:
-            S = torch.stack([part.sum() for part in inv.split(self.split)])
+            S = self._group_sums(inv)
             g = -0.5 * (delta * S - self.group_sizes + delta * self.group_diff2)
             if lp.numel() == 1 and self.n_groups != 1:  # one precision shared by all groups
                 g = g.sum().reshape(1)

@@ -46,7 +46,7 @@ class _GraphCapture(Capture):
     """``Capture`` that keeps module inputs attached to the graph and back-propagates with
     ``create_graph=True`` so the functional variance is differentiable w.r.t. the input."""
 
-    def _hook(self, record):
+    def _hook(self, record, index=None):
         def hook(module, args, kwargs, output):
             record.calls.append(Call(tuple(args), kwargs, output))
             if self.protect_inplace and output.requires_grad:

@@ -53,6 +53,7 @@ import torch
 from laplace_lab.laplace.capture import Call, Capture, Record, has_inplace_modules
 from laplace_lab.laplace.curvature import output_factors
 from laplace_lab.laplace.modules import is_kfac_module
+from laplace_lab.laplace.precision import no_tf32
 
 FUSED_CURVATURES = ("ef", "mc_fisher")
 def fused_structures() -> tuple[str, ...]:
@@ -263,7 +264,7 @@ class FusedCurvature:
             if calls is None:
                 rest.append(j)
             merged.append(Record(m, calls or []))
-        with torch.no_grad():
+        with torch.no_grad(), no_tf32(self.la.device):
             if len(rest) < len(self._modules):
                 self.la.structure.accumulate(merged)
             for recs, sc, _ in ready if rest else ():

@@ -18,6 +18,7 @@ from torch import nn
 
 from laplace_lab.laplace import backends, predictive
 from laplace_lab.laplace.backends import backend_names
+from laplace_lab.laplace.capture import Streamed
 from laplace_lab.laplace.compat_matrix import Kron
 from laplace_lab.laplace.curvature import CURVATURES
 from laplace_lab.laplace.hyper import MarglikOptimizer
@@ -29,6 +30,7 @@ from laplace_lab.laplace.options import (
     TuningMethod,
     check_choice,
 )
+from laplace_lab.laplace.precision import engine_numerics
 from laplace_lab.laplace.priors import (
     PRIOR_STRUCTURES,
     Prior,
@@ -400,6 +402,7 @@ class Laplace:
     _H_factor = H_factor  # the name used inside the engine
 
     # ---- fitting ----------------------------------------------------------------------------------
+    @engine_numerics
     def fit(self, train_loader: Iterable, override: bool = True, progress_bar: bool = False) -> None:
         """One pass over ``train_loader`` (yields ``(X, y)`` or a dict batch with ``dict_key_y`` holding the
         targets, the whole dict being the model input): ``fit_begin``, ``fit_batch``, ``fit_end``."""
@@ -452,6 +455,7 @@ class Laplace:
             self.model.train(self._was_training)
             raise
 
+    @engine_numerics
     def fit_batch(self, X, y) -> None:
         """Accumulate curvature and loss of one batch (one forward, one batched backward)."""
         if self._backend is None:
@@ -466,10 +470,13 @@ class Laplace:
     def add_batch(self, f: torch.Tensor, y: torch.Tensor, records=None) -> None:
         """Add one batch collected by a backend (or by ``fused.FusedCurvature``): outputs ``f`` ``[N, C]``
         and prepared targets ``y`` (the loss and counts), and, unless ``None``, the per-entry
-        ``records`` with output gradients (the structure's curvature)."""
+        ``records`` with output gradients (the structure's curvature), or a ``capture.Streamed`` batch
+        (accumulated group by group during its backward)."""
         with torch.no_grad():
             self.loss = self.loss + self._lik.nll(f.detach(), y).to(self._dtype)
-            if records is not None:
+            if isinstance(records, Streamed):  # accumulated during the backward, the inputs counted once
+                records.run(lambda part, first: self._structure.accumulate(part, inputs=first))
+            elif records is not None:
                 self._structure.accumulate(records)
         self.n_data += f.shape[0]
         self.n_outputs = f.shape[1]
@@ -481,6 +488,7 @@ class Laplace:
             raise ValueError(f"regression targets y must have the shape of the model output; got y "
                              f"{tuple(y.shape)} for output {tuple(out.shape)} (reshape y, e.g. y[:, None])")
 
+    @engine_numerics
     def fit_end(self) -> None:
         """Finalise (e.g. KFAC eigendecompositions) and restore the model's train/eval mode."""
         self._structure.finalize()
@@ -584,6 +592,7 @@ class Laplace:
         self._check_fitted()
         return self._structure.posterior_variance(self._H_factor, self._structure_prior)
 
+    @engine_numerics
     def functional_variance(self, Js: torch.Tensor) -> torch.Tensor:
         """``J Sigma J^T``: Jacobians ``[N, C, P]`` -> ``[N, C, C]`` (for the GLM predictive)."""
         self._check_fitted()
@@ -614,6 +623,7 @@ class Laplace:
             self.model.train(was_training)
         return torch.cat([j.reshape(*j.shape[:2], -1) for j in jac], -1), f
 
+    @engine_numerics
     def functional_samples(self, x, pred_type: str = "glm", n_samples: int = 100, diagonal_output: bool = False,
                            generator: torch.Generator | None = None) -> torch.Tensor:
         """``[n_samples, B, C]`` draws of the network output ``f(x)`` under the posterior: "glm" from
@@ -629,6 +639,7 @@ class Laplace:
             return f + fvar.sqrt() * eps
         return predictive.mvn_samples(f, fvar, n_samples, gen)
 
+    @engine_numerics
     def predictive_samples(self, x, pred_type: str = "glm", n_samples: int = 100, diagonal_output: bool = False,
                            generator: torch.Generator | None = None) -> torch.Tensor:
         """``functional_samples`` with the inverse link applied: softmax probabilities ``[S, B, C]`` for
@@ -665,6 +676,7 @@ class Laplace:
             z = self._structure.sample(n_samples, self._H_factor, self._structure_prior, gen)
         return self.mean + z
 
+    @engine_numerics
     def __call__(self, x, pred_type: str = "glm", joint: bool = False, link_approx: str | None = "probit",
                  n_samples: int = 100, diagonal_output: bool = False, generator: torch.Generator | None = None,
                  fitting: bool = False, *, joint_outputs: bool = False, return_parts: bool = False,

@@ -331,7 +331,8 @@ def conv_A(m: nn.Conv2d, a: torch.Tensor) -> tuple[torch.Tensor, int]:
     return A, N * Ho * Wo
 
 
-def kfac_factors(m: nn.Module, calls: list[Call], approx: str = "expand") -> tuple[torch.Tensor, torch.Tensor, int]:
+def kfac_factors(m: nn.Module, calls: list[Call], approx: str = "expand",
+                 inputs: bool = True) -> tuple[torch.Tensor | None, torch.Tensor, int]:
     """Un-normalised KFAC factors ``(A_sum [D_in, D_in], G [D_out, D_out], rows)`` in the
     convention ``approx`` (``options.KfacApprox``); the weight block is ``G (x) A_sum / rows_total``
     with ``rows_total`` summed over the whole data set.
@@ -342,25 +343,29 @@ def kfac_factors(m: nn.Module, calls: list[Call], approx: str = "expand") -> tup
     (Conv2d; a Linear with weight sharing raises, as BackPack does).
     Conv2d: ``A`` by ``conv_A`` (banded, no im2col); ``G`` by a batched ``g g^T`` on the native
     ``[K N, C_out, S]`` layout (measured faster than one transposed copy + matmul).
+    ``inputs=False``: ``G`` only (``A`` ``None``), for a further chunk of the same batch's factors.
     """
     A = G = None
     rows = 0
     for c in calls:
         if isinstance(m, nn.Conv2d):
-            A_c, G_c, n_rows = _conv_kfac(m, c, approx)
+            A_c, G_c, n_rows = _conv_kfac(m, c, approx, inputs)
         else:
-            A_c, G_c, n_rows = _linear_kfac(c, approx)
-        A = A_c if A is None else A + A_c
+            A_c, G_c, n_rows = _linear_kfac(c, approx, inputs)
+        if inputs:
+            A = A_c if A is None else A + A_c
         G = G_c if G is None else G + G_c
         rows += n_rows
     return A, G, rows
 
 
-def _conv_kfac(m: nn.Conv2d, c: Call, approx: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _conv_kfac(m: nn.Conv2d, c: Call, approx: str, inputs: bool = True) -> tuple[torch.Tensor | None, torch.Tensor, int]:
     """One call's ``(A_sum, G, rows)`` of a Conv2d (``kfac_factors``)."""
     a = c.args[0]
     N = a.shape[0]
-    if approx == "reduce":  # per-sample patch sums over the output positions (a strided view, summed)
+    if not inputs:
+        A_c, n_rows = None, 0
+    elif approx == "reduce":  # per-sample patch sums over the output positions (a strided view, summed)
         Ho, Wo = conv_geometry(m, a)[-2:]
         x = _conv_view(m, a, "patches").sum((-2, -1)).reshape(N, -1) / (Ho * Wo)  # [N, C_in kh kw]
         A_c, n_rows = x.T @ x, N
@@ -380,7 +385,7 @@ def _conv_kfac(m: nn.Conv2d, c: Call, approx: str) -> tuple[torch.Tensor, torch.
     return A_c, sum(s.T @ s for s in sums), n_rows
 
 
-def _linear_kfac(c: Call, approx: str) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _linear_kfac(c: Call, approx: str, inputs: bool = True) -> tuple[torch.Tensor | None, torch.Tensor, int]:
     """One call's ``(A_sum, G, rows)`` of a Linear on ``[N, *, D_in]`` (``kfac_factors``)."""
     a = c.args[0]
     shared = a.dim() > 2 and a.shape[1:-1].numel() > 1
@@ -394,4 +399,4 @@ def _linear_kfac(c: Call, approx: str) -> tuple[torch.Tensor, torch.Tensor, int]
     else:  # reduce: per-sample mean of the inputs, sum of the output gradients
         x, rows = a.reshape(a.shape[0], -1, a.shape[-1]).mean(1), a.shape[0]
         g_rows = (gk.reshape(gk.shape[0], -1, gk.shape[-1]).sum(1) for gk in kn_blocks(c))
-    return x.T @ x, sum((g.T @ g for g in g_rows), 0), rows
+    return (x.T @ x if inputs else None), sum((g.T @ g for g in g_rows), 0), rows

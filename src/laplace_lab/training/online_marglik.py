@@ -13,7 +13,9 @@ posterior precision is ``H / (sigma^2 T) + P0``; both use the module's ``tempera
 The K hyper steps are ``laplace.hyper.MarglikOptimizer`` steps (the optimiser post-hoc tuning uses
 too): the gradient comes from the structure's closed form where it has one (kron, diag: eigenvalues
 taken once per fit, O(P) per step, no autograd; full: one Cholesky per step), else autograd through
-``Laplace.log_marginal_likelihood``.
+``Laplace.log_marginal_likelihood``. With a closed form the K steps run in
+``MarglikOptimizer.run_closed_form``: no host synchronisation per step (rejections are device-side
+masks, the rate schedule a device tensor); the number of accepted steps is read once per phase.
 
 Robustness: a hyper step whose marglik or gradient is not finite is rejected (values and
 optimiser state before it are kept), counted and logged; training goes on. Log hyperparameters
@@ -177,10 +179,18 @@ class OnlineMarglikCore:
         return self.n_steps * max(len(marglik_epochs(trainer.max_epochs, self.burnin, self.frequency)), 1)
 
     def _lr(self, trainer: pl.Trainer, total: int | None = None) -> float:
+        total = self._total_hyper_steps(trainer) if total is None else total
+        return self._lr_at(self.hyper_steps_done, total)
+
+    def _lr_at(self, done, total: int):
+        """The rate after ``done`` accepted hyper steps of ``total`` (an int, or a float64 device
+        tensor inside ``MarglikOptimizer.run_closed_form``: the rate is then a tensor too)."""
         if self.lr_hyp_min is None:
             return self.lr_hyp
-        total = self._total_hyper_steps(trainer) if total is None else total
-        progress = min(self.hyper_steps_done / total, 1.0)
+        if isinstance(done, torch.Tensor):
+            progress = (done / total).clamp(max=1.0)
+            return self.lr_hyp_min + 0.5 * (self.lr_hyp - self.lr_hyp_min) * (1 + torch.cos(math.pi * progress))
+        progress = min(done / total, 1.0)
         return self.lr_hyp_min + 0.5 * (self.lr_hyp - self.lr_hyp_min) * (1 + math.cos(math.pi * progress))
 
     # --- fused accumulation ------------------------------------------------------------------
@@ -227,6 +237,8 @@ class OnlineMarglikCore:
             self.last_factors_epoch = trainer.current_epoch
         if self.log_prior is None:
             self.init_hyperparameters(module, la)
+        if la.device.type == "cuda":  # the fit's kernels finish before its time is read (one sync per phase)
+            torch.cuda.synchronize(la.device)
         fit_time = time.perf_counter() - start
         rejected_before = self.n_rejected
         marglik = self.hyper_steps(trainer, la)
@@ -247,12 +259,18 @@ class OnlineMarglikCore:
         marglik at the final values (NaN if its evaluation fails)."""
         fast = self.hyper.closed_form(la)
         total = self._total_hyper_steps(trainer)
-        for _ in range(self.n_steps):
-            self.hyper.set_lr(self._lr(trainer, total))
-            if self.hyper.step(la, fast):
-                self.hyper_steps_done += 1
-            else:
-                self.n_rejected += 1
+        if fast is not None:  # on the device, no host synchronisation until the phase ends
+            done = self.hyper_steps_done
+            accepted = int(self.hyper.run_closed_form(fast, self.n_steps, lr=lambda n: self._lr_at(done + n, total)))
+            self.hyper_steps_done += accepted
+            self.n_rejected += self.n_steps - accepted
+        else:
+            for _ in range(self.n_steps):
+                self.hyper.set_lr(self._lr(trainer, total))
+                if self.hyper.step(la, fast):
+                    self.hyper_steps_done += 1
+                else:
+                    self.n_rejected += 1
         with torch.no_grad():
             try:
                 return float(self.hyper.marglik(la))

@@ -39,6 +39,11 @@ class Structure:
     self_fitting = False  # True: ``fit(la, data) -> (loss, n_data, n_outputs)`` replaces the batch loop
     any_block_order = False  # True: ``accumulate`` does not rely on records arriving in subset order
     supports_fused = False  # True: ``fused.FusedCurvature`` can fill it from the training step's backward
+    # True: ``accumulate(records, inputs=...)`` is additive over the K output factors and over groups of
+    # calls (records holding some calls, the others empty), at a cost proportional to the calls given,
+    # with ``inputs=False`` skipping what depends on the inputs alone (the capture backend then streams
+    # a large batch, ``capture.Streamed``)
+    factor_chunks = False
 
     @classmethod
     def check_options(cls, options: dict, key=str) -> None:
@@ -57,7 +62,9 @@ class Structure:
         raise NotImplementedError
 
     def accumulate(self, records: list[Record]) -> None:
-        """Add one batch; ``records[i]`` holds the calls of ``entries[i].module`` with grads."""
+        """Add one batch; ``records[i]`` holds the calls of ``entries[i].module`` with grads. A structure
+        with ``factor_chunks`` takes ``inputs: bool = True`` too (``False``: a further factor of the same
+        batch; statistics of the inputs alone were counted with the first)."""
         raise NotImplementedError
 
     def fit(self, la, data) -> tuple[torch.Tensor, int, int]:

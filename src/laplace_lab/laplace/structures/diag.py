@@ -12,20 +12,21 @@ from laplace_lab.laplace.structures.base import Structure, register
 @register
 class DiagStructure(Structure):
     supports_fused = True
+    factor_chunks = True
     name = "diag"
 
     def reset(self):
         self.h = torch.zeros(self.n_params, device=self.device, dtype=self.dtype)
 
-    def accumulate(self, records):
-        parts = []
+    def accumulate(self, records, inputs: bool = True):  # factor_chunks: entries without calls add nothing
+        start = 0
         for e, r in zip(self.entries, records):
-            if not r.calls:
-                parts += [torch.zeros_like(p).reshape(-1) for p in e.params]
-                continue
-            d = diag_sq(e.module, e.names, r.calls)
-            parts += [d[n].reshape(-1) for n in e.names]
-        self.h += torch.cat(parts)
+            d = diag_sq(e.module, e.names, r.calls) if r.calls else {}
+            for n in e.names:
+                size = getattr(e.module, n).numel()
+                if n in d:
+                    self.h[start:start + size] += d[n].reshape(-1)
+                start += size
 
     def load_layer_curvature(self, parts: list[torch.Tensor]) -> None:
         """``parts[i]``: entry i's diagonal, flattened in parameter order (``[P_i]``)."""

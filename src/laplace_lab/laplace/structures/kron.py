@@ -159,6 +159,7 @@ class DiagBlock(KronBlock):
 @register
 class KronStructure(Structure):
     supports_fused = True
+    factor_chunks = True
     name = "kron"
     prior_structures = ("scalar", "layerwise")
     any_block_order = True
@@ -193,13 +194,13 @@ class KronStructure(Structure):
             raise ValueError(f"load_layer_curvature: {len(parts)} parts for {len(self.entries)} layers")
         self.raw = [dict(part) for part in parts]
 
-    def accumulate(self, records):
+    def accumulate(self, records, inputs: bool = True):
         for e, r, raw in zip(self.entries, records, self.raw):
             if not r.calls:
                 continue
             if is_kfac_module(e.module):
-                A, G, rows = kfac_factors(e.module, r.calls, self.kfac_approx)
-                for key, val in (("A", A), ("G", G), ("rows", rows)):
+                A, G, rows = kfac_factors(e.module, r.calls, self.kfac_approx, inputs=inputs)
+                for key, val in (("A", A), ("G", G), ("rows", rows)) if inputs else (("G", G),):
                     raw[key] = raw[key] + val if key in raw else val
             else:
                 d = diag_sq(e.module, e.names, r.calls)
