@@ -18,6 +18,10 @@ CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 
 
 def _register_schema() -> None:
+    try:
+        import hydra.core.config_store  # noqa: F401
+    except ImportError:  # the engine and the training module without Hydra (benchmarks/gpu.py on a bare
+        return           # machine): nothing composes a config there, so there is nothing to register
     from laplace_lab.config.store import register
 
     register()
