@@ -44,7 +44,8 @@ TIMEOUT_S = 600
 SKIPS = [
     (lambda c: c.strip() == "make test", "runs the whole default test suite, which contains this test"),
     (lambda c: "submitit_slurm" in c and shutil.which("sbatch") is None, "needs a SLURM cluster (no sbatch here)"),
-    (lambda c: ("trainer=gpu" in c or _preset_needs_gpu(c)) and not _has_cuda(), "needs a CUDA GPU"),
+    (lambda c: ("trainer=gpu" in c or "--device cuda" in c or _preset_needs_gpu(c)) and not _has_cuda(),
+     "needs a CUDA GPU"),
     (lambda c: "git clone" in c or "/tmp/laplace-torch" in c, "needs the network and a laplace-torch checkout"),
     (lambda c: "laplace_lab.reporting.wandb_workspace" in c and "--dry-run" not in c, "saves to a wandb account (network)"),
 ]
