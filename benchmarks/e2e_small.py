@@ -1,4 +1,5 @@
-"""Whole-process wall time of small online-marglik runs: ours against laplace-torch (issue 16).
+"""Whole-process wall time of small online-marglik runs: ours against laplace-torch (the target:
+a fraction of the peer's time).
 
 For each set (UCI split 0 with all training rows, or the sinusoid) and each repeat, two
 processes run back to back with the same recipe (Immer et al. 2021 UCI: MLP 50 tanh, Adam 1e-2,

@@ -1,4 +1,4 @@
-"""Run laplace-torch's own test files against this engine (issue 18, "drop-in").
+"""Run laplace-torch's own test files against this engine (is it a drop-in?).
 
 Usage::
 

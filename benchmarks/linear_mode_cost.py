@@ -1,4 +1,4 @@
-"""Cost of the linear-mode solve (``fit_linear_mode``) in epochs of MAP training (issue 16).
+"""Cost of the linear-mode solve (``fit_linear_mode``) in epochs of MAP training (its CPU budget).
 
 One process, 1 thread, CPU time: LeNet-5 with BatchNorm on the first ``N_TRAIN`` MNIST training
 images (batch 16, Adam 1e-3): one training epoch, the KFAC-GGN fit (normgroups prior), then

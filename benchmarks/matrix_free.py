@@ -1,4 +1,4 @@
-"""Benchmark: matrix-free Laplace on a width-reduced CIFAR ResNet-18 (issue 10).
+"""Benchmark: matrix-free Laplace on a width-reduced CIFAR ResNet-18.
 
 ``ResNet18(input_shape=(3, 32, 32), num_outputs=10, width=8)`` (P = 176,402), eval mode, random
 inputs and labels, one batch of 32, float32, 2 torch threads. Each measurement runs in its own

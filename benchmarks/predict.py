@@ -1,4 +1,4 @@
-"""Benchmark: GLM probit predictive on LeNet-5 / MNIST, ours beside laplace-torch 0.3 (issue 4).
+"""Benchmark: GLM probit predictive on LeNet-5 / MNIST, ours beside laplace-torch 0.3.
 
 LeNet-5 trained for 1 epoch (Adam 1e-3, batch 64, full MNIST train set, pixels / 255), posterior
 fitted on the first 10k training images (GGN; scalar prior 1), GLM probit predictive on test

@@ -13,6 +13,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+import laplace_lab.config  # noqa: F401 (registers the schema nodes the option files start from)
+
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -35,6 +37,13 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()):
     """Compose ``conf/train.yaml`` with ``overrides`` (no Hydra run directory)."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="train", overrides=list(overrides))
+
+
+def run_config(overrides: list[str] | tuple[str, ...] = ()):
+    """The typed, validated config (``config.load.load_run_config``) of ``compose_config(overrides)``."""
+    from laplace_lab.config.load import load_run_config
+
+    return load_run_config(compose_config(overrides))
 
 
 @pytest.fixture

@@ -56,3 +56,46 @@ def test_table_commit_contains_its_preset(table):
         found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}:conf/experiment/{preset}.yaml"],
                                capture_output=True)
         assert found.returncode == 0, f"{table.name}: commit {commit[:12]} has no conf/experiment/{preset}.yaml"
+
+
+RECORDS = sorted((ROOT / "results" / "sweeps").glob("**/status.json"))
+
+
+# What presets changed since the committed records ran: a relaunch runs these jobs again.
+CHANGED_SINCE = {"immer2021_images": {"map_grid", "map_grid_refit"}}  # half-decade grid, refit on all images
+
+
+def _flat(data: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in data.items():
+        out |= _flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value}
+    return out
+
+
+@pytest.mark.parametrize("status_path", [p for p in RECORDS if "seed=0" in p.parent.name],
+                         ids=lambda p: p.parent.name)
+def test_a_relaunch_of_a_committed_sweep_skips_its_finished_jobs(status_path):
+    """Each committed job record's overrides compose to the config hash it recorded (``config_hash`` in
+    ``status.json``; ``sweeps.status.unchanged_config``: options added since at their default do not
+    count), so relaunching its command after ``sweeps.records restore`` skips it instead of running it
+    again (seed 0 of each row; the other seeds differ only in the seed). Rows whose preset changed since
+    (``CHANGED_SINCE``) run again, and only those keys differ from the recorded config."""
+    import json
+
+    import yaml
+    from omegaconf import OmegaConf
+
+    from laplace_lab.sweeps.run_only import hashed_config
+    from laplace_lab.sweeps.status import unchanged_config
+    from tests.conftest import compose_config
+
+    status = json.loads(status_path.read_text())
+    overrides = [o for o in status["overrides"] if not o.startswith("paths.")]  # run-only: <output_root> placeholders
+    assert status["state"] == "finished"
+    cfg = compose_config(overrides)
+    recorded = _flat(hashed_config(yaml.safe_load((status_path.parent / "config_resolved.yaml").read_text())))
+    now = _flat(hashed_config(OmegaConf.to_container(cfg, resolve=True)))
+    changed = {k for k in recorded.keys() | now.keys() if k.split(".")[0] != "paths" and recorded.get(k) != now.get(k)}
+    preset = next(o.split("=", 1)[1] for o in overrides if o.startswith("experiment="))
+    assert changed <= CHANGED_SINCE.get(preset, set()), (overrides, sorted(changed))
+    assert unchanged_config(status["config_hash"], cfg) == (not changed), (overrides, sorted(changed))

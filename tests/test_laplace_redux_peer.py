@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from laplace_lab.data import VisionDataModule
 from laplace_lab.evaluation import metrics as M
 from laplace_lab.models import LeNet
-from laplace_lab.reference import load_reference
+from laplace_lab.reporting.reference import load_reference
 from laplace_lab.training import MAPModule
 
 ROOT = Path(__file__).resolve().parents[1]

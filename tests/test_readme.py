@@ -1,12 +1,12 @@
-"""Every fenced ``bash`` command of README.md runs, the way the README says, from a fresh shell.
+"""Every fenced ``bash`` command of README.md and the docs/ pages runs, the way they say, from a fresh shell.
 
 The README's convention: after ``make run`` the environment is activated once per shell
 (``source .venv/bin/activate``). Each command here runs in its own ``bash -c`` whose PATH does not
 contain the environment, so a command only works if the README's own activation (done first)
 or a ``.venv/bin/...`` prefix makes it work. ``.venv`` stands for the environment running the
-tests. All commands run in README order in one scratch folder that links the repository's
-files (``outputs/`` and ``results/`` land in the scratch folder), so a ``tables`` command finds
-the sweep an earlier command ran.
+tests. All commands run in order (README, then the docs pages by name) in one scratch folder that
+links the repository's files (``outputs/`` and ``results/`` land in the scratch folder), so a
+``tables`` command finds the sweep an earlier command ran.
 
 Commands are picked up automatically; they are shortened by generic rules only, by appending
 overrides (``shorten``): one epoch, a few test batches, image sets cut to a subset (image sets
@@ -34,6 +34,7 @@ from laplace_lab.data.vision import VISION_DATASETS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]  # the pages whose commands run
 VENV = Path(sys.prefix)
 TRAIN = re.compile(r"(python -m laplace_lab\.train|laplace-lab-train|make run)\b")
 TIMEOUT_S = 600
@@ -43,8 +44,10 @@ TIMEOUT_S = 600
 SKIPS = [
     (lambda c: c.strip() == "make test", "runs the whole default test suite, which contains this test"),
     (lambda c: "submitit_slurm" in c and shutil.which("sbatch") is None, "needs a SLURM cluster (no sbatch here)"),
-    (lambda c: "trainer=gpu" in c and not _has_cuda(), "needs a CUDA GPU"),
-    (lambda c: "laplace_lab.wandb_workspace" in c and "--dry-run" not in c, "saves to a wandb account (network)"),
+    (lambda c: ("trainer=gpu" in c or "--device cuda" in c or _preset_needs_gpu(c)) and not _has_cuda(),
+     "needs a CUDA GPU"),
+    (lambda c: "git clone" in c or "/tmp/laplace-torch" in c, "needs the network and a laplace-torch checkout"),
+    (lambda c: "laplace_lab.reporting.wandb_workspace" in c and "--dry-run" not in c, "saves to a wandb account (network)"),
 ]
 # (predicate, reason): commands marked slow (run by `make test-slow`).
 SLOW = [
@@ -65,6 +68,13 @@ def _has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _preset_needs_gpu(command: str) -> bool:
+    """The command's preset (``experiment=<name>``) selects ``trainer: gpu``."""
+    found = re.findall(r"(?:^|\s)experiment=(\w+)", command)
+    preset = ROOT / "conf" / "experiment" / f"{found[-1]}.yaml" if found else None
+    return bool(preset and preset.is_file() and re.search(r"override /trainer: gpu", preset.read_text()))
 
 
 def _data_choice(command: str) -> str | None:
@@ -137,13 +147,14 @@ def shorten(command: str, workdir: Path, env: dict) -> str:
     return f"{command} {' '.join(map(shlex.quote, extra))}"
 
 
-def _case(index: int, command: str):
+def _case(index: int, page: Path, command: str):
     marks = [pytest.mark.skip(reason=reason) for test, reason in SKIPS if test(command)]
     marks += [pytest.mark.slow for test, _ in SLOW if test(command)][:1]
-    return pytest.param(command, marks=marks, id=f"{index:02d}-{command[:60]}")
+    return pytest.param(command, marks=marks, id=f"{index:02d}-{page.stem}-{command[:60]}")
 
 
-COMMANDS = readme_commands(README.read_text())
+PAGE_COMMANDS = [(page, c) for page in PAGES for c in readme_commands(page.read_text())]
+COMMANDS = [c for _, c in PAGE_COMMANDS]
 FIRST_TRAINING = next((c for c in COMMANDS if TRAIN.search(c)), None)  # the default run keeps this one
 
 
@@ -179,15 +190,15 @@ def test_shortening_rules(tmp_path):
     if not all((_data_dir() / f).exists() for f in VISION_DATASETS["cifar10"].files):
         assert "data=fake_data" in cmd
     assert "seed=0,1 " in cmd and "model.widths=[50,50]" in cmd and "trainer.max_epochs=1" in cmd
-    assert shorten("python -m laplace_lab.tables out [--name x] [--figures a]", tmp_path, env) == \
-        "python -m laplace_lab.tables out --name x --figures a"
+    assert shorten("python -m laplace_lab.reporting.tables out [--name x] [--figures a]", tmp_path, env) == \
+        "python -m laplace_lab.reporting.tables out --name x --figures a"
     assert shorten(".venv/bin/python -V", tmp_path, env) == f"{VENV}/bin/python -V"
     grid = shlex.split(shorten("python -m laplace_lab.train -m hydra/sweeper=map_grid", tmp_path, env))
     assert "hydra.sweeper.params={prior.prior_precision:'1e-4,1e-3',seed:'0,1'}" in grid, grid
 
 
 @pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="the README's commands run inside a virtual environment")
-@pytest.mark.parametrize("command", [_case(i, c) for i, c in enumerate(COMMANDS)])
+@pytest.mark.parametrize("command", [_case(i, page, c) for i, (page, c) in enumerate(PAGE_COMMANDS)])
 def test_readme_command(command, workdir):
     data = _data_choice(command)
     if data == "uci" and not (_data_dir() / "UCI").is_dir():
@@ -200,7 +211,7 @@ def test_readme_command(command, workdir):
     script = f"source {VENV}/bin/activate && {line}"
     proc = subprocess.run(["bash", "-c", script], cwd=workdir, env=env, capture_output=True, text=True,
                           timeout=TIMEOUT_S)
-    assert proc.returncode == 0, f"README command failed: {command}\nran: {line}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, f"documented command failed: {command}\nran: {line}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
 
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "experiments").glob("**/README.md")),
@@ -225,3 +236,27 @@ def test_links_stay_inside_the_repository(doc):
 def test_committed_results_name_no_machine_path(table):
     """Committed tables carry commands and folders relative to the repository, never this machine's paths."""
     assert not re.search(r"/work/|\.\./shared|/home/\w+|/Users/\w+|/root/|/tmp/", table.read_text()), table.name
+
+
+def test_readme_reads_in_five_minutes():
+    """At most 1,200 words (code blocks left out) and no paragraph over 80 words: the rest is in docs/."""
+    text = re.sub(r"^```.*?^```", "", README.read_text(), flags=re.S | re.M)
+    assert len(text.split()) <= 1200, len(text.split())
+    paragraphs = [p for p in re.split(r"\n\s*\n", text) if not p.lstrip().startswith(("|", "#"))]
+    longest = max(paragraphs, key=lambda p: len(p.split()))
+    assert len(longest.split()) <= 80, longest[:200]
+
+
+NUMBERED_WORK = re.compile(r"\b(issue|session)[ -]\d+", re.I)
+
+
+@pytest.mark.parametrize("path", [*PAGES, *sorted((ROOT / "experiments").glob("**/README.md")),
+                                  *sorted((ROOT / "src").rglob("*.py")), *sorted((ROOT / "conf").rglob("*.yaml")),
+                                  *sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py"))],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_issue_or_session_numbers(path):
+    """Code and docs say what is meant, not "issue 15" or "session 7" (which mean nothing to a reader)."""
+    if path == Path(__file__):
+        return
+    found = NUMBERED_WORK.findall(path.read_text()) and NUMBERED_WORK.search(path.read_text()).group(0)
+    assert not found, f"{path.relative_to(ROOT)} mentions {found!r}"

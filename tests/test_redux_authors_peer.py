@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from laplace_lab import peer_pairs
 from laplace_lab.models.lenet import LeNet
+from laplace_lab.reporting import peer_pairs
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "laplace_redux" / "peer" / "run_authors_uq.py"

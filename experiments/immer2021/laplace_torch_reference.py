@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 
 from laplace_lab.data.uci import UCI_DATASETS, UCIDataModule
 from laplace_lab.evaluation.metrics import regression_metrics
-from laplace_lab.peer_csv import append_row, comma_choices
+from laplace_lab.reporting.peer_csv import append_row, comma_choices
 
 FIELDS = ["data.name", "data.split", "seed", "test_la_ll", "test_map_ll", "test_rmse", "sigma_noise",
           "prior_precision_mean", "wall_s", "dtype", "error"]

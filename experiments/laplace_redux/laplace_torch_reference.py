@@ -57,9 +57,9 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from laplace_lab import peer_csv
 from laplace_lab.evaluation import run_evaluation
-from laplace_lab.summary_stats import mean_se
+from laplace_lab.reporting import peer_csv
+from laplace_lab.reporting.summary_stats import mean_se
 from laplace_lab.sweeps.run_only import strip_run_only
 from laplace_lab.training import map_cache
 from laplace_lab.training.predictors import map_predictor
@@ -234,15 +234,16 @@ def sweep_jobs(sweep_dir: Path) -> dict[int, dict[str, Path]]:
     return jobs
 
 
-ROOT_CONFIG = Path(__file__).resolve().parents[2] / "conf" / "train.yaml"
+def with_todays_root_options(cfg: DictConfig) -> tuple[DictConfig, list[str]]:
+    """A copy of a job's resolved ``cfg`` with every scalar root option of today's schema
+    (``config.schema.RootOptions``) that it lacks (added after the job's commit) at today's default;
+    returns it and those names. Group keys are left alone (a group's defaults depend on the job's
+    choice of group)."""
+    from laplace_lab.config.fields import defaults
+    from laplace_lab.config.schema import RootOptions
 
-
-def with_todays_root_options(cfg: DictConfig, root_config: Path = ROOT_CONFIG) -> tuple[DictConfig, list[str]]:
-    """A copy of a job's resolved ``cfg`` with every scalar root option of today's ``train.yaml``
-    that it lacks (added after the job's commit) at today's default; returns it and those names.
-    Group keys are left alone (a group's defaults depend on the job's choice of group)."""
-    today = OmegaConf.load(root_config)
-    missing = [k for k, v in today.items() if k != "defaults" and k not in cfg and not isinstance(v, DictConfig)]
+    today = defaults(RootOptions)
+    missing = [k for k, v in today.items() if k not in cfg and not isinstance(v, dict)]
     filled = copy.deepcopy(cfg)
     for key in missing:
         filled[key] = today[key]
@@ -252,7 +253,8 @@ def with_todays_root_options(cfg: DictConfig, root_config: Path = ROOT_CONFIG) -
 def load_job_map(job_dir: Path, cache_dir: Path | None, data_dir: str | None = None):
     """Rebuild the job's data module and ``MAPModule`` and load its cached MAP network.
     Returns ``(cfg, datamodule, module, entry, how)``."""
-    from laplace_lab.train import build
+    from laplace_lab.config.load import load_run_config
+    from laplace_lab.training.build import build
 
     cfg = OmegaConf.load(job_dir / "config_resolved.yaml")
     if data_dir is not None:
@@ -260,12 +262,13 @@ def load_job_map(job_dir: Path, cache_dir: Path | None, data_dir: str | None = N
     built, filled = with_todays_root_options(cfg)
     if filled:
         print(f"{job_dir.name}: root options newer than the job, at today's defaults for the rebuild: {filled}")
-    datamodule, module = build(built)
+    datamodule, module = build(load_run_config(built))
     if cache_dir is None:
         cache_dir = Path(cfg.map_cache.dir)
         if not cache_dir.is_absolute():
             cache_dir = launch_cwd(job_dir.parent) / cache_dir
-    entry, how = find_entry(map_cache.key_contents(cfg, datamodule), map_cache.cache_key(cfg, datamodule), cache_dir)
+    job = load_run_config(cfg)  # raw: the job's own config, as its MAP cache key hashed it
+    entry, how = find_entry(map_cache.key_contents(job, datamodule), map_cache.cache_key(job, datamodule), cache_dir)
     if not map_cache.load(module, entry):
         raise RuntimeError(f"MAP cache entry {entry} could not be loaded (see the warning above)")
     datamodule.setup("fit")

@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import laplace_lab.train as train_mod
+import laplace_lab.training.build as build_mod
 from laplace_lab.evaluation.config import LandscapeConfig, check_landscape_run, validate_config
 from laplace_lab.evaluation.landscape import (
     SliceLoss,
@@ -235,7 +236,7 @@ def test_eigen_directions_need_a_structure_with_eigenvectors():
     ],
 )
 def test_bad_options_fail_before_training(overrides, match, compose_cfg, tmp_path, monkeypatch):
-    monkeypatch.setattr(train_mod, "instantiate", lambda *a, **k: pytest.fail("data or model built before the error"))
+    monkeypatch.setattr(build_mod, "instantiate", lambda *a, **k: pytest.fail("data or model built before the error"))
     with pytest.raises(ValueError, match=match):
         train_mod.run(compose_cfg([*overrides, "logger=csv"]), tmp_path)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-import laplace_lab.sweeps  # noqa: F401  (registers the lab_* resolvers)
-from laplace_lab.config_validation import validate_config
+import laplace_lab.config  # noqa: F401  (registers the schema nodes and lab_if_equal)
+from laplace_lab.config.validation import validate_config
 from laplace_lab.sweeps.run_only import job_dirname
 from tests.conftest import CONF_DIR, compose_config
 

@@ -14,10 +14,9 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
-import laplace_lab.sweeps  # noqa: F401  (registers the lab_* resolvers)
-from laplace_lab.config_validation import validate_config
-from laplace_lab.sweeps.resolvers import if_equal
-from tests.conftest import CONF_DIR, compose_config
+from laplace_lab.config.store import if_equal
+from laplace_lab.config.validation import validate_config
+from tests.conftest import CONF_DIR, compose_config, run_config
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE_FILES = sorted((ROOT / "experiments").glob("*/reference*.yaml"))
@@ -87,7 +86,7 @@ def test_reference_file_matches_its_preset(path):
     assert len(ids) == len(set(ids)), f"{path}: duplicate ids"
     for r in ref["references"]:
         assert r.get("source"), f"{path}:{r['id']} has no source"
-        if r["kind"] == "peer":  # judged on its own CSV (laplace_lab.reference validates it), not on the table
+        if r["kind"] == "peer":  # judged on its own CSV (laplace_lab.reporting.reference validates it), not on the table
             continue
         sides = [r] if r["kind"] in ("value", "paper") else [r["lhs"], r["rhs"]]
         if r["kind"] == "value":
@@ -125,12 +124,13 @@ def test_peer_reference_script_runs_one_split(data_dir):
 
 def test_adversarial_reuses_the_redux_map_networks():
     from laplace_lab.training.map_cache import cache_key
+    from tests.conftest import run_config
 
     for seed in (0, 2):
-        redux = compose_config(["experiment=redux_mnist", "method=la", f"seed={seed}"])
-        adversarial = compose_config(["experiment=adversarial_mnist", "method=diag", f"seed={seed}"])
+        redux = run_config(["experiment=redux_mnist", "method=la", f"seed={seed}"])
+        adversarial = run_config(["experiment=adversarial_mnist", "method=diag", f"seed={seed}"])
         assert cache_key(redux) == cache_key(adversarial)
-    assert cache_key(redux) != cache_key(compose_config(["experiment=redux_mnist", "seed=2", "prior.prior_precision=1"]))
+    assert cache_key(redux) != cache_key(run_config(["experiment=redux_mnist", "seed=2", "prior.prior_precision=1"]))
 
 
 def test_mola_members_follow_the_redux_recipe():
@@ -144,8 +144,8 @@ def test_mola_members_follow_the_redux_recipe():
             30.0, 0, 128, epochs), preset
         assert cfg.lr_scheduler._target_.endswith("CosineAnnealingLR") and cfg.optimizer.lr == 1e-3, preset
     for seed in (0, 3):
-        mola = compose_config(["experiment=eschenhagen2021_mnist", "data=mnist", f"seed={seed}"])
-        redux = compose_config(["experiment=redux_mnist", "method=la", f"seed={seed}"])
+        mola = run_config(["experiment=eschenhagen2021_mnist", "data=mnist", f"seed={seed}"])
+        redux = run_config(["experiment=redux_mnist", "method=la", f"seed={seed}"])
         assert cache_key(mola) == cache_key(redux)
 
 

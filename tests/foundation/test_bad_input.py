@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from hydra.errors import MissingConfigException
 
-import laplace_lab.train as train_mod
+import laplace_lab.training.build as build_mod
+import laplace_lab.training.fit as fit_mod
 from laplace_lab.train import run
 from tests.conftest import compose_config
 
@@ -17,7 +18,7 @@ def no_training(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("training started before the error")
 
-    monkeypatch.setattr(train_mod, "make_trainer", forbidden)
+    monkeypatch.setattr(fit_mod, "make_trainer", forbidden)
 
 
 def test_unknown_model_group_option():
@@ -127,7 +128,7 @@ def test_map_loss_without_prior_rejects_online_and_grid(extra, tmp_path, no_trai
 def test_invalid_values_fail_before_data(overrides, pattern, tmp_path, no_training, monkeypatch):
     """Non-finite / out-of-range numbers, mistyped lists, unknown keys (also added with ``+``) and
     foreign ``_target_`` classes fail before the data module is even built."""
-    monkeypatch.setattr(train_mod, "instantiate", lambda *a, **k: pytest.fail("data or model built before the error"))
+    monkeypatch.setattr(build_mod, "instantiate", lambda *a, **k: pytest.fail("data or model built before the error"))
     with pytest.raises(ValueError, match=pattern):
         run(compose_config([*overrides, "logger=csv"]), tmp_path)
 
@@ -135,12 +136,12 @@ def test_invalid_values_fail_before_data(overrides, pattern, tmp_path, no_traini
 def test_known_extra_keys_are_accepted(tmp_path):
     """Keys that the target takes (``+trainer.check_val_every_n_epoch``, ``+optimizer.betas``) pass, and
     so do the documented root key ``+sweep_objective`` and an augmentation range under ``init``."""
-    from laplace_lab.config_validation import validate_config
+    from laplace_lab.config.validation import validate_config
 
     validate_config(compose_config(["+trainer.check_val_every_n_epoch=5", "+optimizer.betas=[0.9,0.99]",
                                     "marglik=online", "+marglik.evidence_point=weights"]))
     validate_config(compose_config(["+sweep_objective=test/map/nll", "augmentation=fixed", "data=mnist",
-                                    "+augmentation.init.translate_x=0.1"]))
+                                    "predictive=map", "+augmentation.init.translate_x=0.1"]))
 
 
 # --- bad data: each error names the file (and row) ------------------------------------------

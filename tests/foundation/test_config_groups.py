@@ -8,13 +8,13 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import OmegaConf
 
-from laplace_lab.config_validation import validate_config
-from laplace_lab.run_loggers import build_loggers
-from laplace_lab.sweeps.callback import validate_aggregate
-from laplace_lab.train import instantiate
+from laplace_lab.config.instantiate import instantiate
+from laplace_lab.config.validation import validate_config
+from laplace_lab.reporting.run_loggers import build_loggers
+from laplace_lab.reporting.sweep_table import validate_aggregate
 from laplace_lab.training.loop_choice import trainer_kwargs
 from laplace_lab.training.schedules import scheduler_interval
-from tests.conftest import CONF_DIR, compose_config
+from tests.conftest import CONF_DIR, compose_config, run_config
 
 # hydra/launcher options need the optional launcher plugins; they are tested in their own module.
 # data_recipe/ is chosen by the data option (train.yaml: `optional data_recipe: ${data}`), tested below.
@@ -29,8 +29,11 @@ SHARED_DATA = {"mnist", "fashion_mnist", "vision_base", "uci"}
 
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_option_composes(group, option):
-    # a diagonal prior needs a non-KFAC structure (the default curvature is kron)
+    # a diagonal prior needs a non-KFAC structure (the default curvature is kron); an augmentation
+    # needs images, a non-GLM predictive and (learned) online marglik
     extra = ["curvature=diag"] if (group, option) == ("prior", "diagonal") else []
+    if group == "augmentation" and option != "none":
+        extra = ["data=mnist", "model=lenet", "method=online_kron", "predictive=map"]
     cfg = compose_config([f"{group}={option}", *extra])
     OmegaConf.resolve(cfg)
     validate_config(cfg)
@@ -57,7 +60,7 @@ def test_experiment_presets_compose():
         OmegaConf.resolve(cfg)
         validate_config(cfg)
         assert cfg.experiment_name == preset.stem and cfg.aggregate.name == preset.stem
-        validate_aggregate(cfg.aggregate)
+        validate_aggregate(OmegaConf.to_container(cfg.aggregate))
 
 
 @pytest.mark.parametrize("option", sorted(f.stem for f in (CONF_DIR / "model").glob("*.yaml")))
@@ -100,8 +103,8 @@ def test_optimizer_and_scheduler_instantiate(group):
 
 def test_trainer_and_logger_instantiate(tmp_path):
     for f in sorted((CONF_DIR / "trainer").glob("*.yaml")):
-        cfg = compose_config([f"trainer={f.stem}", "trainer.accelerator=cpu"])
+        cfg = run_config([f"trainer={f.stem}", "trainer.accelerator=cpu"])
         pl.Trainer(**trainer_kwargs(cfg), logger=False, enable_checkpointing=False)
     for f in sorted((CONF_DIR / "logger").glob("*.yaml")):
-        cfg = compose_config([f"logger={f.stem}", "logger.wandb.enabled=false"] if f.stem == "default" else [f"logger={f.stem}"])
+        cfg = run_config([f"logger={f.stem}", "logger.wandb.enabled=false"] if f.stem == "default" else [f"logger={f.stem}"])
         assert build_loggers(cfg, tmp_path)

@@ -1,11 +1,11 @@
-"""``laplace_lab.quiet_logs``: the listed third-party lines are dropped, everything else shows."""
+"""``laplace_lab.io.quiet_logs``: the listed third-party lines are dropped, everything else shows."""
 
 from __future__ import annotations
 
 import logging
 import warnings
 
-from laplace_lab import quiet_logs
+from laplace_lab.io import quiet_logs
 
 
 def test_listed_warnings_are_ignored_and_others_show():

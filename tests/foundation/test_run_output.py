@@ -13,7 +13,7 @@ import pytest
 from laplace_lab.train import run, warn_if_underfit
 from tests.conftest import compose_config
 
-BAD = ["curvature=kron", "prior=diagonal"]  # rejected by config_validation before any work
+BAD = ["curvature=kron", "prior=diagonal"]  # rejected by config.validation before any work
 
 
 def _train(args: list[str], tmp_path, **env) -> subprocess.CompletedProcess:

@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset, random_split
 
-from laplace_lab.config_validation import validate_config
+from laplace_lab.config.validation import validate_config
 from laplace_lab.data import VisionDataModule
 from laplace_lab.data.vision import TEST_HOLDOUT_SEED, hold_out_test
 from laplace_lab.training.map_cache import cache_key
-from tests.conftest import compose_config
+from tests.conftest import compose_config, run_config
 
 
 def test_the_rest_is_the_authors_random_split_test_part():
@@ -52,14 +52,14 @@ def test_config_validation_names_the_option():
 
 
 def test_the_holdout_shares_the_map_cache_entry():
-    base = compose_config(["experiment=redux_mnist", "method=la", "seed=0"])
-    assert cache_key(base) == cache_key(compose_config(["experiment=redux_mnist", "method=la", "seed=0",
-                                                        "data.test_holdout=2000"]))
+    base = run_config(["experiment=redux_mnist", "method=la", "seed=0"])
+    assert cache_key(base) == cache_key(run_config(["experiment=redux_mnist", "method=la", "seed=0",
+                                                    "data.test_holdout=2000"]))
 
 
 def test_the_cache_key_still_leaves_out_the_data_folder():
     """The run-only ``data.data_dir`` and the post-hoc-only ``data.test_holdout`` are both left out
     (one ``data`` entry must not replace the other)."""
-    here = compose_config(["experiment=redux_mnist", "method=la", "paths.data_dir=/a"])
-    there = compose_config(["experiment=redux_mnist", "method=la", "paths.data_dir=/b", "data.test_holdout=10"])
-    assert here.data.data_dir != there.data.data_dir and cache_key(here) == cache_key(there)
+    here = run_config(["experiment=redux_mnist", "method=la", "paths.data_dir=/a"])
+    there = run_config(["experiment=redux_mnist", "method=la", "paths.data_dir=/b", "data.test_holdout=10"])
+    assert here.data["data_dir"] != there.data["data_dir"] and cache_key(here) == cache_key(there)

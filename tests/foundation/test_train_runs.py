@@ -7,7 +7,7 @@ import json
 import pytest
 
 from laplace_lab.train import run
-from tests.conftest import compose_config
+from tests.conftest import compose_config, run_config
 
 FAST = ["trainer=debug", "logger=csv", "evaluation.max_test_batches=1", "evaluation.ood.n_generated=64",
         "evaluation.shift.rotation.angles=[0,90]", "evaluation.progress=false"]
@@ -102,14 +102,15 @@ def _refit_matches_plain_run(base, held_out, tmp_path):
     seed): the two MAP networks must be equal. Returns (refit datamodule, module, plain datamodule)."""
     import torch
 
-    from laplace_lab.train import train_map, train_map_grid
+    from laplace_lab.training.fit import train_map
+    from laplace_lab.training.map_grid import train_map_grid
 
-    cfg = compose_config(base + ["map_grid=[0.01,100.0]", "map_grid_refit=true"])
+    cfg = run_config(base + ["map_grid=[0.01,100.0]", "map_grid_refit=true"])
     datamodule, module, _, metrics = train_map_grid(cfg, tmp_path / "grid", loggers=[])
     grid = {0.01: metrics["grid/prior_0.01/val_nll"], 100.0: metrics["grid/prior_100/val_nll"]}
     chosen = min(grid, key=grid.get)  # the grid's own value (the module's float32 copy rounds it)
     assert metrics["hparams/prior_precision"] == pytest.approx(chosen) and metrics["val/nll"] == pytest.approx(min(grid.values()))
-    plain_dm, plain, _, _ = train_map(compose_config(base + [f"prior.prior_precision={chosen}", f"{held_out}=0"]),
+    plain_dm, plain, _, _ = train_map(run_config(base + [f"prior.prior_precision={chosen}", f"{held_out}=0"]),
                                       tmp_path / "plain", loggers=[])
     assert len(datamodule.train_set) == len(plain_dm.train_set)
     for a, b in zip(module.parameters(), plain.parameters(), strict=True):
@@ -141,11 +142,11 @@ def test_map_grid_refit_regression_sigma_is_the_training_rmse(tmp_path, data_dir
 def test_map_grid_without_refit_keeps_the_grid_network_and_its_validation_rmse(tmp_path):
     import torch
 
-    from laplace_lab.train import train_map_grid
+    from laplace_lab.training.map_grid import train_map_grid
 
-    cfg = compose_config(["data=sinusoid", "model=mlp", "model.widths=[20]", "trainer.max_epochs=30", "logger=csv",
-                          "trainer.enable_progress_bar=false", "evaluation=none", "marglik=off", "predictive=map",
-                          "map_grid=[0.01,100.0]"])
+    cfg = run_config(["data=sinusoid", "model=mlp", "model.widths=[20]", "trainer.max_epochs=30", "logger=csv",
+                      "trainer.enable_progress_bar=false", "evaluation=none", "marglik=off", "predictive=map",
+                      "map_grid=[0.01,100.0]"])
     datamodule, module, _, _ = train_map_grid(cfg, tmp_path, loggers=[])
     x, y = next(iter(datamodule.val_dataloader()))
     with torch.no_grad():
@@ -156,13 +157,13 @@ def test_map_grid_without_refit_keeps_the_grid_network_and_its_validation_rmse(t
 def test_map_cache_key_is_the_whole_config_less_run_only_keys():
     from laplace_lab.training import map_cache
 
-    base = compose_config(["map_cache.enabled=true"])
-    same = compose_config(["map_cache.enabled=true", "logger=csv", "torch_num_threads=2", "trainer.enable_progress_bar=false",
+    base = run_config(["map_cache.enabled=true"])
+    same = run_config(["map_cache.enabled=true", "logger=csv", "torch_num_threads=2", "trainer.enable_progress_bar=false",
                            "curvature=diag", "predictive=map", "prior=normgroups", "experiment_name=other"])
     assert map_cache.cache_key(base) == map_cache.cache_key(same)
     # keys outside the old allow-list of training groups count too (here: the non-finite-loss policy)
     for changed in (["on_nonfinite_loss=skip"], ["seed=1"], ["model.widths=[20]"], ["trainer.gradient_clip_val=1.0"]):
-        assert map_cache.cache_key(compose_config(["map_cache.enabled=true", *changed])) != map_cache.cache_key(base), changed
+        assert map_cache.cache_key(run_config(["map_cache.enabled=true", *changed])) != map_cache.cache_key(base), changed
     assert set(map_cache.key_contents(base)["code"]) == {"laplace_lab", "torch", "sources"}
 
 

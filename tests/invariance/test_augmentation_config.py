@@ -5,10 +5,11 @@ import math
 import pytest
 import torch
 
+from laplace_lab.config.validation import validate_config as validate_augmentation_config
 from laplace_lab.data.transformed import transform_images
 from laplace_lab.models import LeNet
 from laplace_lab.models.augmentation import AugmentedModel
-from laplace_lab.training.augmentation import validate_augmentation_config, wrap_model
+from laplace_lab.training.augmentation import wrap_model
 
 LEARNED = ["data=mnist", "model=lenet", "method=online_kron", "augmentation=learned", "predictive=map"]
 
@@ -29,7 +30,7 @@ def test_default_is_none_and_the_learned_preset_validates(compose_cfg):
     (["curvature=ll_kron"], "subset_of_weights=all"),
     (["curvature.hessian_structure=full"], "hessian_structure in"),
     (["curvature.type=mc_fisher"], "curvature.type in"),
-    (["prior=diagonal"], "prior.structure in"),
+    (["prior=normgroups"], "prior.structure in"),  # (diagonal: kron rejects it first)
     (["augmentation.learnable=[]"], "non-empty augmentation.learnable"),
     (["augmentation.learnable=[zoom]"], "augmentation.learnable has unknown"),
     (["+augmentation.init.zoom=1"], "augmentation.init has unknown"),
@@ -44,11 +45,12 @@ def test_invalid_combinations_are_rejected(compose_cfg, overrides, match):
 
 def test_wrap_model(compose_cfg):
     net = LeNet((1, 28, 28), 10)
-    assert wrap_model(compose_cfg([]).augmentation, net) is net
-    fixed = wrap_model(compose_cfg(["augmentation=fixed"]).augmentation, net)
+    assert wrap_model(validate_augmentation_config(compose_cfg([])).augmentation, net) is net
+    fixed = wrap_model(validate_augmentation_config(compose_cfg(["data=mnist", "model=lenet", "augmentation=fixed",
+                                                              "predictive=map"])).augmentation, net)
     assert isinstance(fixed, AugmentedModel) and not fixed.augmentation.learnable.any()
     assert fixed.augmentation.ranges()["rotation"] == pytest.approx(math.pi)
-    learned = wrap_model(compose_cfg(["augmentation=learned"]).augmentation, net)
+    learned = wrap_model(validate_augmentation_config(compose_cfg(LEARNED)).augmentation, net)
     assert learned.augmentation.learnable.all() and learned.augmentation.n_samples == 31
 
 

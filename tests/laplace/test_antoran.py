@@ -296,7 +296,7 @@ def test_scale_invariance_evidence_at_linear_mode():
     assert _rel_change(glm_moments(a, Xt)[1], glm_moments(b, Xt)[1]) > 0.1  # measured 0.70
 
 
-# ------------------------------------------------------------------ solve on a data subset (issue 16)
+# ------------------------------------------------------------------ solve on a data subset (a CPU budget)
 def test_subset_rows_is_seeded_and_complete_sets_pass_through():
     from laplace_lab.laplace.linear_mode import subset_rows
 

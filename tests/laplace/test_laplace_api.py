@@ -17,7 +17,7 @@ from laplace_lab.laplace import Laplace
     [
         ({"likelihood": "poisson"}, "likelihood"),
         ({"subset_of_weights": "subnetwork"}, "subset_of_weights"),
-        ({"hessian_structure": "block_diag"}, "hessian_structure"),  # "lowrank" is valid (issue 10)
+        ({"hessian_structure": "block_diag"}, "hessian_structure"),  # "lowrank" is valid (matrix-free)
         ({"curvature": "hessian"}, "curvature"),
         ({"prior_structure": "groupwise"}, "prior_structure"),
         ({"hessian_structure": "kron", "prior_structure": "diagonal"}, "prior_structure"),

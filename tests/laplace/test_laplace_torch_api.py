@@ -1,4 +1,4 @@
-"""The laplace-torch API items of issue 18, checked against laplace-torch on the same model (float64)
+"""The laplace-torch API items (this engine as a drop-in), checked against laplace-torch on the same model (float64)
 or against dense ``torch.func`` references where laplace-torch has no counterpart."""
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ class _ScaledNet(nn.Module):
 
 
 def test_last_layer_nn_predictive_is_differentiable_in_x():
-    """Bug of issue 18: the captured last-layer input was detached. The nn predictive mean is
+    """A bug found making the engine a drop-in: the captured last-layer input was detached. The nn predictive mean is
     ``mean_s (phi(x) W_s^T + b_s)``; its gradient w.r.t. x equals that of the explicit formula."""
     model, X, la, _ = _pair("regression", "last_layer", "full")
     x = X[:5].clone().requires_grad_(True)
@@ -214,15 +214,14 @@ def test_last_layer_nn_predictive_is_differentiable_in_x():
 
 
 def test_regression_call_is_noise_free_and_predictor_adds_it():
-    from omegaconf import OmegaConf
-
+    from laplace_lab.config.schema import PredictiveConfig
     from laplace_lab.training.predictors import laplace_predictor
 
     _, X, la, _ = _pair("regression", "all", "kron")
     m, fvar = la(X, diagonal_output=True)
     parts = la(X, return_parts=True)
     torch.testing.assert_close(parts.var, fvar + la.sigma_noise**2)
-    pm, pv = laplace_predictor(la, OmegaConf.create({"pred_type": "glm", "link_approx": "probit", "n_samples": 10}))(X)
+    pm, pv = laplace_predictor(la, PredictiveConfig(pred_type="glm", link_approx="probit", n_samples=10))(X)
     torch.testing.assert_close(pv, parts.var)
     assert math.isclose(float(la.sigma_noise), 0.7)
 

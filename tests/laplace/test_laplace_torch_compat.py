@@ -1,4 +1,4 @@
-"""laplace-torch behaviours of issue 18 beyond the API items of ``test_laplace_torch_api``: each checked
+"""laplace-torch behaviours beyond the API items of ``test_laplace_torch_api``: each checked
 against laplace-torch on the same model (float64) where it has the behaviour, else against a dense
 reference."""
 
@@ -49,7 +49,7 @@ def test_nn_predictive_needs_mc_link_like_laplace_torch(lik):
 
 
 def test_config_rejects_nn_with_a_closed_form_link():
-    from laplace_lab.config_validation import validate_laplace_config
+    from laplace_lab.config.validation import validate_config as validate_laplace_config
     from tests.conftest import compose_config
 
     validate_laplace_config(compose_config(["predictive=nn_mc"]))
@@ -283,7 +283,7 @@ def test_last_layer_found_during_fit(flavour):
 
 def test_predictive_chunks_inputs_by_default():
     """``la(X)`` runs the model on at most 256 inputs at a time without the caller passing ``chunk_size``
-    (issue 18: 10k MNIST-sized inputs must not hold all activations and Jacobian blocks at once)."""
+    (a drop-in must scale: 10k MNIST-sized inputs must not hold all activations and Jacobian blocks at once)."""
     model = mlp(d_out=2)
     X, y = _data(n=600)
     la = Laplace(model, "classification", "all", "kron")

@@ -1,4 +1,4 @@
-"""Issue 18: a posterior structure defined in this file alone (no edit elsewhere) runs fit, marglik,
+"""A posterior structure defined in this file alone (no edit elsewhere) runs fit, marglik,
 the glm predictive, sampling and config validation, checked against dense float64 references.
 
 ``IsotropicStructure``: ``H ~= s I`` with ``s`` the mean of the exact GGN diagonal (from the
@@ -10,7 +10,7 @@ import pytest
 import torch
 from laplace_refs import data, dense_curvature, dense_jacobian, loader, mlp
 
-from laplace_lab.config_validation import validate_config
+from laplace_lab.config.validation import validate_config
 from laplace_lab.laplace import Laplace
 from laplace_lab.laplace.eigen_marglik import EigenMarglik
 from laplace_lab.laplace.hyper import MarglikOptimizer

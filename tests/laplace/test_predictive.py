@@ -1,4 +1,4 @@
-"""Predictive (issue 4): functional variance against dense float64 ``J Sigma J^T`` (torch.func
+"""Predictive: functional variance against dense float64 ``J Sigma J^T`` (torch.func
 Jacobians, dense posterior covariance), links, regression parts, gradients w.r.t. the input,
 sampling predictives (statistical tests with fixed seeds) and the API's errors."""
 

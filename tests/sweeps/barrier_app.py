@@ -20,6 +20,7 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 
+import laplace_lab.config  # noqa: F401 - registers the schema nodes the option files start from
 import laplace_lab.sweeps  # noqa: F401 - registers the resolvers conf/train.yaml uses
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"

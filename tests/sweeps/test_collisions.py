@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 from omegaconf import OmegaConf
 
-from laplace_lab import provenance
+from laplace_lab.reporting import provenance
 from laplace_lab.sweeps import lock
 from laplace_lab.sweeps.callback import name_sweep_dir
 from laplace_lab.sweeps.jobs import job_checkpoint_dir

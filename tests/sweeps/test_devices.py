@@ -1,4 +1,4 @@
-"""Device-agnostic runs (issue 22): ``trainer=gpu`` needs a GPU and says so before any work; the
+"""Device-agnostic runs: ``trainer=gpu`` needs a GPU and says so before any work; the
 Laplace fit, its predictive and the evaluation stay on the model's device; every run records its
 devices. The CUDA cases run where a GPU exists and are skipped elsewhere."""
 
@@ -11,7 +11,7 @@ import torch
 
 from laplace_lab.sweeps.devices import check_accelerator, device_record
 from laplace_lab.sweeps.status import DEVICE_FIELDS, read_devices
-from tests.conftest import compose_config
+from tests.conftest import compose_config, run_config
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible to torch here)")
 DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
@@ -27,15 +27,15 @@ def test_trainer_gpu_without_a_gpu_fails_before_any_work(tmp_path):
                                          r"CUDA_VISIBLE_DEVICES=.*Use trainer=cpu"):
         run(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()  # nothing written, no data loaded
-    check_accelerator(compose_config(["trainer=cpu"]).trainer)  # CPU and auto pass
-    check_accelerator(compose_config(["trainer=default"]).trainer)
+    check_accelerator(run_config(["trainer=cpu"]).trainer.accelerator)  # CPU and auto pass
+    check_accelerator(run_config(["trainer=default"]).trainer.accelerator)
 
 
 @CUDA
 def test_trainer_gpu_asking_for_more_gpus_than_visible_fails():
-    cfg = compose_config(["trainer=gpu", f"trainer.devices={torch.cuda.device_count() + 1}"])
+    cfg = run_config(["trainer=gpu", f"trainer.devices={torch.cuda.device_count() + 1}"])
     with pytest.raises(ValueError, match="asks for more GPUs than visible"):
-        check_accelerator(cfg.trainer)
+        check_accelerator(cfg.trainer.accelerator, cfg.trainer.devices)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -54,11 +54,12 @@ def test_run_trains_fits_and_evaluates_on_the_trainer_device(tmp_path, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_laplace_fit_predictive_and_evaluation_keep_the_model_device(tmp_path, device):
-    from laplace_lab.train import build, evaluate
+    from laplace_lab.train import evaluate
+    from laplace_lab.training.build import build
     from laplace_lab.training.posthoc import fit_posthoc_laplace
     from laplace_lab.training.predictors import laplace_predictor, map_predictor
 
-    cfg = compose_config([*TINY, "curvature=kron"])
+    cfg = run_config([*TINY, "curvature=kron"])
     datamodule, module = build(cfg)
     datamodule.setup("fit")
     module.to(device)

@@ -1,4 +1,4 @@
-"""Sweeps across GPUs without a GPU (issue 22): Ray on a faked 4-GPU node, and the SLURM array
+"""Sweeps across GPUs without a GPU: Ray on a faked 4-GPU node, and the SLURM array
 that submitit would submit.
 
 Ray hands out GPU ids from ``ray.init(num_gpus=4)`` and sets ``CUDA_VISIBLE_DEVICES`` in each
@@ -126,8 +126,8 @@ def test_slurm_array_submission(tmp_path, monkeypatch):
     from hydra.utils import instantiate
     from submitit.core.utils import DelayedSubmission
 
+    from laplace_lab.config import CONF_DIR
     from laplace_lab.sweeps.run_only import job_dirname
-    from laplace_lab.train import CONF_DIR
 
     class Submitted(Exception):
         pass

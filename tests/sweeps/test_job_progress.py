@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from laplace_lab.eta import ProgressFile
+from laplace_lab.io.eta import ProgressFile
 from laplace_lab.sweeps import progress
 from laplace_lab.sweeps.job_progress import progress_text
 from laplace_lab.sweeps.sweep_eta import SweepETA, count_jobs

@@ -12,18 +12,27 @@ import yaml
 from omegaconf import OmegaConf
 
 from laplace_lab.sweeps.resolvers import job_subdir
-from laplace_lab.sweeps.status import config_fingerprint, is_finished, read_status
+from laplace_lab.sweeps.run_only import is_run_only
+from laplace_lab.sweeps.status import (
+    config_fingerprint,
+    earlier_fingerprint,
+    is_finished,
+    read_status,
+    unchanged_config,
+)
 from tests.conftest import compose_config
 from tests.sweeps.helpers import TINY, multirun, require_plugin, summary
 
 
 def test_sweep_layout_is_stable():
-    from laplace_lab.train import CONF_DIR
+    from laplace_lab.config import CONF_DIR
 
     hydra = yaml.safe_load((CONF_DIR / "train.yaml").read_text())["hydra"]
     assert hydra["sweep"]["dir"] == "${paths.output_root}/${experiment_name}/multirun"
     assert hydra["sweep"]["subdir"] == "${lab_job_subdir:${hydra:overrides.task}}"
-    assert {"hydra/launcher", "paths.output_root", "logger"} <= set(hydra["job"]["config"]["override_dirname"]["exclude_keys"])
+    # one run-only list (sweeps.run_only), no second one in Hydra's override_dirname.exclude_keys
+    assert "config" not in hydra["job"]
+    assert all(is_run_only(k) for k in ("hydra/launcher", "paths.output_root", "logger", "experiment"))
     assert "now:" in hydra["run"]["dir"]  # single runs keep their timestamped folder
     assert compose_config(["experiment_name=exp"]).experiment_name == "exp"
     assert job_subdir(["seed=1", "optimizer.lr=0.1"]) == "optimizer.lr=0.1,seed=1"
@@ -115,7 +124,7 @@ SCHEMA_WARNING = r"ignore:\s*'hydra/\w+/\w+' is validated against ConfigStore sc
 def test_sweeper_presets_compose():
     from hydra import compose, initialize_config_dir
 
-    from laplace_lab.train import CONF_DIR
+    from laplace_lab.config import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         grid = compose("train", ["hydra/sweeper=map_grid"], return_hydra_config=True).hydra.sweeper
@@ -130,7 +139,7 @@ def test_submitit_configs_compose_and_local_runs_a_job(tmp_path):
     require_plugin("hydra_plugins.hydra_submitit_launcher")
     from hydra import compose, initialize_config_dir
 
-    from laplace_lab.train import CONF_DIR
+    from laplace_lab.config import CONF_DIR
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         slurm = compose("train", ["hydra/launcher=submitit_slurm", "hydra.launcher.partition=gpu"],
@@ -158,19 +167,48 @@ def test_aggregation_leaves_out_metrics_no_job_of_the_launch_has(tmp_path):
 
 
 def test_failed_aggregation_exits_1_and_says_the_jobs_are_fine(tmp_path, monkeypatch, caplog):
-    import laplace_lab.tables
+    import laplace_lab.reporting.tables
+    from laplace_lab.reporting.sweep_table import SweepTable
     from laplace_lab.sweeps.callback import SweepSummary
 
     def broken(*args, **kwargs):
         raise RuntimeError("broken table")
 
-    monkeypatch.setattr(laplace_lab.tables, "aggregate_sweep", broken)
+    monkeypatch.setattr(laplace_lab.reporting.tables, "aggregate_sweep", broken)
     (tmp_path / "sweep").mkdir()
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}}})
-    callback = SweepSummary(aggregate={"name": "t"})
+    callback = SweepSummary(aggregate={"name": "t"}, aggregator=SweepTable())
     with pytest.raises(SystemExit) as exit_info, caplog.at_level(logging.ERROR):
         callback.on_multirun_end(config)
     assert exit_info.value.code == 1
     assert "Aggregation of" in caplog.text and "RuntimeError: broken table" in caplog.text
     assert "the table of" in caplog.text and "was not written" in caplog.text
     assert "failed and" not in caplog.text  # no job failed: not the re-run message
+
+
+def test_a_switched_off_feature_stays_out_of_the_config_hash():
+    """``evaluation.landscape`` counts only when enabled: adding a feature that is off does not make
+    finished jobs run again (``run_only.SWITCHED_OFF``); its options count once it is on."""
+    base = compose_config(["seed=0"])
+    assert config_fingerprint(compose_config(["seed=0", "evaluation.landscape.grid_points=5"])) == config_fingerprint(base)
+    on = compose_config(["seed=0", "evaluation.landscape.enabled=true"])
+    assert config_fingerprint(on) != config_fingerprint(base)
+    assert config_fingerprint(compose_config(["seed=0", "evaluation.landscape.enabled=true",
+                                              "evaluation.landscape.grid_points=5"])) != config_fingerprint(on)
+
+
+def test_a_job_hashed_before_switched_off_nodes_left_the_hash_is_unchanged():
+    """A finished job's ``config_hash`` written while switched-off nodes were still hashed (the
+    landscape node with ``enabled: false``) counts as unchanged, so a relaunch skips it; another config's
+    hash in either form does not."""
+    cfg = compose_config(["seed=0"])
+    earlier = earlier_fingerprint(cfg)
+    assert earlier != config_fingerprint(cfg)  # the landscape node, off, is hashed in the earlier form only
+    assert unchanged_config(earlier, cfg) and unchanged_config(config_fingerprint(cfg), cfg)
+    other = compose_config(["seed=1"])
+    assert not unchanged_config(earlier_fingerprint(other), cfg) and not unchanged_config(config_fingerprint(other), cfg)
+    assert not unchanged_config("0" * 16, cfg)
+    before = OmegaConf.to_container(cfg, resolve=True)  # a job from before het_head and het_approx existed
+    del before["het_head"], before["predictive"]["het_approx"]
+    assert config_fingerprint(before) == config_fingerprint(cfg)
+    assert config_fingerprint(compose_config(["seed=0", "predictive.het_approx=natural"])) != config_fingerprint(cfg)

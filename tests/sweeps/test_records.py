@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from laplace_lab import tables
+from laplace_lab.reporting import tables
 from laplace_lab.sweeps import records
 from laplace_lab.sweeps.status import REPO_ROOT
 

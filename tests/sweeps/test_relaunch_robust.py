@@ -10,16 +10,16 @@ import logging
 
 import pytest
 
-from laplace_lab import tables
 from laplace_lab.io import atomic
+from laplace_lab.reporting import tables
 from laplace_lab.sweeps import progress
 from laplace_lab.sweeps.status import read_launches, record_launch
 from laplace_lab.train import run
 from laplace_lab.training import map_cache
 from tests.conftest import compose_config
+from tests.reporting.test_tables import make_job
 
 from .helpers import TINY, multirun, summary
-from .test_tables import make_job
 
 
 def test_cut_off_job_files_are_moved_aside_and_the_jobs_run_again(tmp_path, capsys):

@@ -1,6 +1,6 @@
 """Nothing runs that was not asked for: files and configs from outside the process are data.
 
-Every ``_target_`` is checked against one allowlist (``safe_targets``), from the command line, a
+Every ``_target_`` is checked against one allowlist (``config.targets``), from the command line, a
 preset, a restored ``config_resolved.yaml`` and ``hydra.callbacks``; checkpoints are read with
 ``weights_only=True``; ``records restore`` copies only record files (no links, nothing oversized,
 nothing outside the output root) and ``records save`` names no machine path or host. A pickle
@@ -19,7 +19,7 @@ import pytest
 import torch
 import yaml
 
-from laplace_lab import safe_targets
+from laplace_lab.config import targets as safe_targets
 from laplace_lab.sweeps import progress, records
 from laplace_lab.train import run
 from laplace_lab.training import job_laplace
@@ -113,10 +113,10 @@ def test_job_laplace_checks_the_restored_config_and_the_checkpoint(evil, tmp_pat
         job_laplace.load_job(job)
     from omegaconf import OmegaConf
 
-    from laplace_lab.train import build
+    from laplace_lab.config.load import load_run_config
 
     with pytest.raises(ValueError, match=r"data._target_='torch.load' is not allowed"):  # any rebuild of a job
-        build(OmegaConf.load(job / "config_resolved.yaml"), "plain")
+        load_run_config(OmegaConf.load(job / "config_resolved.yaml"))  # (training.build takes what this returns)
     (job / "checkpoints" / "last.ckpt").write_bytes(path.read_bytes())
     with pytest.raises(ValueError, match=r"last.ckpt cannot be read as a checkpoint .* weights_only=True"):
         job_laplace.best_state(job)

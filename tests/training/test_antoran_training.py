@@ -11,11 +11,11 @@ from laplace_lab.laplace import Laplace
 from laplace_lab.laplace.linear_mode import fit_linear_mode
 from laplace_lab.laplace.normgroups import normgroups
 from laplace_lab.models import MLP, LeNet
-from laplace_lab.train import build
+from laplace_lab.training.build import build
 from laplace_lab.training.hyperparameters import initial_log_prior, write_prior
 from laplace_lab.training.posthoc import fit_posthoc_laplace
 from laplace_lab.training.predictors import laplace_predictor
-from tests.conftest import compose_config
+from tests.conftest import run_config
 from tests.training.marglik_helpers import TensorDataModule, fit_online
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -94,7 +94,7 @@ POSTHOC = ["model.widths=[8,8]", "model.norm=batchnorm", "data.n_train=64", "cur
 
 
 def _posthoc(overrides):
-    cfg = compose_config(POSTHOC + overrides)
+    cfg = run_config(POSTHOC + overrides)
     datamodule, module = build(cfg)
     datamodule.setup("fit")
     with torch.no_grad():  # some BatchNorm statistics (the run's would come from training)

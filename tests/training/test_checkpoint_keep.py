@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import pytorch_lightning as pl
 import torch
-from omegaconf import OmegaConf
 from torch import nn
 from torch.utils.data import TensorDataset
 
 from laplace_lab.data.base import LabDataModule
-from laplace_lab.train import build_callbacks
 from laplace_lab.training import MAPModule
+from laplace_lab.training.fit import build_callbacks
+from tests.conftest import run_config
 
 
 class LastStep(pl.Callback):
@@ -27,8 +27,8 @@ class LastStep(pl.Callback):
 
 @pytest.mark.parametrize("monitor,want", [(None, ["last.ckpt"]), ("val/nll", ["best-epoch", "last.ckpt"])])
 def test_checkpoints_kept(tmp_path, monitor, want):
-    cfg = OmegaConf.create({"marglik": {"mode": "off"}, "checkpoint": {
-        "enabled": True, "dirpath": str(tmp_path / "ckpt"), "every_n_epochs": 1, "monitor": monitor, "mode": "min"}})
+    cfg = run_config(["method=map", "checkpoint.enabled=true", f"checkpoint.dirpath={tmp_path / 'ckpt'}",
+                      "checkpoint.every_n_epochs=1", f"checkpoint.monitor={monitor or 'null'}", "checkpoint.mode=min"])
     dm = LabDataModule(batch_size=10, seed=0)
     dm.train_set = dm.val_set = dm.test_set = TensorDataset(torch.randn(20, 2), torch.randn(20, 1))
     module = MAPModule(nn.Linear(2, 1), "regression", n_data=20, optimizer=lambda p: torch.optim.SGD(p, lr=0.01))

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from laplace_lab.config_validation import validate_config
+from laplace_lab.config.validation import validate_config
 from tests.conftest import CONF_DIR, compose_config
 
 CURVATURES = sorted(f.stem for f in (CONF_DIR / "curvature").glob("*.yaml"))

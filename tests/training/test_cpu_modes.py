@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from laplace_lab.config_validation import validate_config
+from laplace_lab.config.validation import validate_config
 from laplace_lab.train import set_cpu_modes
 from tests.conftest import compose_config
 

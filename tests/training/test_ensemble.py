@@ -7,11 +7,12 @@ import json
 import pytest
 import torch
 
-from laplace_lab.train import run, train_map
+from laplace_lab.train import run
 from laplace_lab.training import ensemble
+from laplace_lab.training.fit import train_map
 from laplace_lab.training.posthoc import fit_posthoc_laplace
 from laplace_lab.training.predictors import laplace_predictor, map_predictor, mixture_predictor
-from tests.conftest import compose_config
+from tests.conftest import compose_config, run_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TOY = ["data=toy2d", "data.n_train=64", "model=mlp", "trainer.max_epochs=2", "logger=csv",
@@ -21,6 +22,10 @@ TOY = ["data=toy2d", "data.n_train=64", "model=mlp", "trainer.max_epochs=2", "lo
 
 def _cfg(tmp_path, *overrides):
     return compose_config([*TOY, f"paths.output_root={tmp_path / 'out'}", *overrides])
+
+
+def _run(tmp_path, *overrides):
+    return run_config([*TOY, f"paths.output_root={tmp_path / 'out'}", *overrides])
 
 
 def _weights(module) -> torch.Tensor:
@@ -51,7 +56,7 @@ def test_mixture_rejects_bad_input():
 def test_mola_is_the_mean_of_member_laplace_predictives(tmp_path):
     """Members trained and fitted one by one; the ensemble's mixtures (members 1.. reloaded from
     the MAP cache) equal the averages of those separately computed predictives."""
-    cfg = _cfg(tmp_path, "method=mola", "ensemble.size=3", "map_cache.enabled=true")
+    cfg = _run(tmp_path, "method=mola", "ensemble.size=3", "map_cache.enabled=true")
     modules, laplaces, preds_la, preds_map = [], [], [], []
     x = torch.randn(16, 2, generator=torch.Generator().manual_seed(1))
     for k in range(3):
@@ -73,7 +78,7 @@ def test_mola_is_the_mean_of_member_laplace_predictives(tmp_path):
 
 # --------------------------------------------------------------------------- seeds and the cache
 def test_members_are_distinct_and_reproducible_from_the_seed(tmp_path):
-    cfg = _cfg(tmp_path, "method=deep_ensemble", "seed=3", "ensemble.seed_stride=10")
+    cfg = _run(tmp_path, "method=deep_ensemble", "seed=3", "ensemble.seed_stride=10")
     assert [ensemble.member_config(cfg, k).seed for k in range(3)] == [3, 13, 23]
     first = [_weights(train_map(ensemble.member_config(cfg, k), tmp_path / f"a{k}", [])[1]) for k in range(2)]
     again = _weights(train_map(ensemble.member_config(cfg, 1), tmp_path / "b1", [])[1])

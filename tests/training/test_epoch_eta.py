@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from laplace_lab.eta import PROGRESS_FILE, PhaseLog, ProgressFile, format_duration, read_progress
 from laplace_lab.evaluation.timing import EvalTimer
+from laplace_lab.io.eta import PROGRESS_FILE, PhaseLog, ProgressFile, format_duration, read_progress
 from laplace_lab.train import run
 from laplace_lab.training.epoch_eta import EpochETA
 from tests.conftest import compose_config
@@ -71,7 +71,7 @@ def test_progress_file_merges_writers_and_resets_per_phase(tmp_path):
 def test_phase_lines(tmp_path, caplog):
     clock = FakeClock()
     phases = PhaseLog(tmp_path, clock=clock)
-    with caplog.at_level(logging.INFO, logger="laplace_lab.eta"):
+    with caplog.at_level(logging.INFO, logger="laplace_lab.io.eta"):
         clock.t += 64
         phases.start("Laplace fit", "last_layer kron ggn")
         phases.eta(30.0)

@@ -18,7 +18,7 @@ import torch
 
 from laplace_lab.train import run
 from laplace_lab.training.loop_choice import choose_loop
-from tests.conftest import CONF_DIR, compose_config
+from tests.conftest import CONF_DIR, compose_config, run_config
 
 ROOT = CONF_DIR.parent
 QUIET = ["logger=csv", "trainer.enable_progress_bar=false", "evaluation=regression", "evaluation.progress=false"]
@@ -58,7 +58,7 @@ def test_yacht_online_marglik_identical(tmp_path, data_dir):
 
 @pytest.mark.parametrize("extra", [
     ["data.n_val=50", "+trainer.check_val_every_n_epoch=7", "trainer.log_every_n_steps=3"],
-    ["data.n_val=0", "on_nonfinite_loss=skip"],  # full batch, no validation (the issue-16 benchmark's shape)
+    ["data.n_val=0", "on_nonfinite_loss=skip"],  # full batch, no validation (the shape of benchmarks/e2e_small.py)
     ["data.batch_size=32", "lr_scheduler=cosine_per_step"],  # lr stepped after every batch
 ], ids=["val-every-7", "no-val", "per-step-cosine"])
 def test_sinusoid_online_marglik_identical(extra, tmp_path):
@@ -80,14 +80,14 @@ def test_sinusoid_online_marglik_identical(extra, tmp_path):
     (["data=sinusoid", "logger=csv", "trainer.loop=lightning"], "lightning"),
 ])
 def test_auto_picks_plain_only_where_it_runs_the_same(overrides, loop):
-    assert choose_loop(compose_config(overrides)) == loop
+    assert choose_loop(run_config(overrides)) == loop
 
 
 def test_auto_keeps_lightning_on_cuda(monkeypatch):
     """The plain loop's CUDA path is not compared with Lightning here: auto leaves CUDA runs to Lightning."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert choose_loop(compose_config(["data=sinusoid", "logger=csv"])) == "lightning"
-    assert choose_loop(compose_config(["data=sinusoid", "logger=csv", "trainer=cpu"])) == "plain"
+    assert choose_loop(run_config(["data=sinusoid", "logger=csv"])) == "lightning"
+    assert choose_loop(run_config(["data=sinusoid", "logger=csv", "trainer=cpu"])) == "plain"
 
 
 def test_plain_refuses_what_needs_lightning(tmp_path):

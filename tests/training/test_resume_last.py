@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import pytorch_lightning as pl
 
-import laplace_lab.train as train_module
+import laplace_lab.training.fit as fit_module
+from laplace_lab.config.validation import validate_config
 from laplace_lab.train import run
-from laplace_lab.training.resume import resume_path, validate_checkpoint_config
-from tests.conftest import compose_config
+from laplace_lab.training.resume import resume_path
+from tests.conftest import compose_config, run_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 QUIET = ["logger=csv", "trainer.enable_progress_bar=false", "evaluation=regression", "evaluation.progress=false"]
@@ -43,13 +44,13 @@ class CutAt(pl.Callback):
 
 def _cut_run(overrides: list[str], out, at: int, monkeypatch) -> None:
     """Run ``overrides`` in ``out`` and cut it at the start of its ``at``-th training epoch."""
-    build = train_module.build_callbacks
+    build = fit_module.build_callbacks
     CutAt.seen = 0
-    monkeypatch.setattr(train_module, "build_callbacks",
+    monkeypatch.setattr(fit_module, "build_callbacks",
                         lambda cfg, o, loop="lightning": [*build(cfg, o, loop), CutAt(at)])
     with pytest.raises(Cut):
         run(compose_config(overrides), out)
-    monkeypatch.setattr(train_module, "build_callbacks", build)
+    monkeypatch.setattr(fit_module, "build_callbacks", build)
 
 
 def _comparable(metrics: dict) -> dict:
@@ -80,15 +81,16 @@ def test_without_resume_a_cut_run_starts_again(tmp_path, monkeypatch):
 
 
 def test_resume_path(tmp_path):
-    cfg = compose_config(["data=sinusoid", *RESUME])
+    cfg = run_config(["data=sinusoid", *RESUME])
     assert resume_path(cfg, tmp_path) is None  # nothing saved yet: a fresh start
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"")
     assert resume_path(cfg, tmp_path) == str(tmp_path / "checkpoints" / "last.ckpt")
-    cfg.checkpoint.dirpath = str(tmp_path / "elsewhere")
+    cfg = run_config(["data=sinusoid", *RESUME, f"checkpoint.dirpath={tmp_path / 'elsewhere'}"])
     assert resume_path(cfg, tmp_path) is None
-    assert resume_path(compose_config(["checkpoint.resume_from=/x/y.ckpt"]), tmp_path) == "/x/y.ckpt"
-    assert resume_path(compose_config([]), tmp_path) is None
+    (tmp_path / "y.ckpt").write_bytes(b"")  # (a path must exist: config.validation)
+    assert resume_path(run_config([f"checkpoint.resume_from={tmp_path / 'y.ckpt'}"]), tmp_path) == str(tmp_path / "y.ckpt")
+    assert resume_path(run_config([]), tmp_path) is None
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -98,7 +100,7 @@ def test_resume_path(tmp_path):
 def test_bad_resume_options_fail_before_any_work(overrides, message, tmp_path):
     cfg = compose_config(["data=sinusoid", *overrides])
     with pytest.raises(ValueError, match=message):
-        validate_checkpoint_config(cfg)
+        validate_config(cfg)
     with pytest.raises(ValueError, match=message):
         run(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()
@@ -119,10 +121,9 @@ def test_last_refuses_a_checkpoint_of_another_config(tmp_path, monkeypatch):
 
 def test_grid_points_get_their_own_explicit_checkpoint_dirpath(tmp_path):
     """With checkpoint.dirpath set, map_grid's trainings write (and resume) under <dirpath>/<name>."""
-    from laplace_lab.train import grid_point_config, grid_point_name, refit_config
+    from laplace_lab.training.map_grid import grid_point_config, grid_point_name, refit_config
 
-    cfg = compose_config(["data=uci", "data.name=yacht", *GRID, "map_grid_refit=true",
-                          f"checkpoint.dirpath={tmp_path}"])
+    cfg = run_config(["data=uci", "data.name=yacht", *GRID, "map_grid_refit=true", f"checkpoint.dirpath={tmp_path}"])
     assert grid_point_config(cfg, 0.1, grid_point_name(0.1)).checkpoint.dirpath == str(tmp_path / "grid_0.1")
     assert refit_config(cfg, 10.0).checkpoint.dirpath == str(tmp_path / "refit")
     assert cfg.checkpoint.dirpath == str(tmp_path)  # the run's own config is left as it was

@@ -1,5 +1,5 @@
 """The authors' code for Immer et al. 2023 (aleximmer/heteroscedastic-nn) run on the standard UCI
-splits, one CSV row per data set, split and method, in the peer format of ``laplace_lab.peer_pairs``.
+splits, one CSV row per data set, split and method, in the peer format of ``laplace_lab.reporting.peer_pairs``.
 
 It runs ``run_uci_crispr_regression.main`` of a checkout of the authors' public repository (never
 copied here) with their UCI config (``configs/uci.yaml``: float64, MLP 1x50 GELU, Adam 1e-2 -> 1e-5
@@ -22,7 +22,7 @@ predictive's test log likelihood (``test/loglik_bayes``; heteroscedastic: ``het_
 ``test/map/rmse`` the predictive mean's RMSE; heteroscedastic rows also give the authors'
 ``het_approx='mean'`` form as ``test/la_het_mean/ll`` (our ``la_het_mean`` predictor) and their MC
 predictives under ``theirs/...``. ``--add-ours <jobs CSV>`` (re)writes the ``side=ours`` rows
-from a committed jobs CSV of ``heteroscedastic_uci`` (``laplace_lab.peer_ours``).
+from a committed jobs CSV of ``heteroscedastic_uci`` (``laplace_lab.reporting.peer_ours``).
 
     python experiments/heteroscedastic/peer/heteroscedastic_nn_peer.py --repo <checkout> \\
         --data-dir $LAPLACE_LAB_DATA_DIR/UCI --sets yacht --splits 0-2 --methods het_online
@@ -291,7 +291,7 @@ def add_ours(out: Path, jobs_csvs: list[Path]) -> None:
     ``test/la_het_mean/ll`` has both closed forms; an older one (before ``predictive.het_approx``)
     logged the 'mean' form as ``test/la/ll``, which goes to ``test/la_het_mean/ll`` here."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "src"))
-    from laplace_lab.peer_ours import ours_rows, read_jobs
+    from laplace_lab.reporting.peer_ours import ours_rows, read_jobs
 
     by_key: dict = {}
     for jobs_csv in jobs_csvs:

@@ -1,4 +1,4 @@
-"""Writes ``laplace_torch_uci.csv`` (the peer format of ``laplace_lab.peer_pairs``) for the
+"""Writes ``laplace_torch_uci.csv`` (the peer format of ``laplace_lab.reporting.peer_pairs``) for the
 ``immer2021_uci`` table: the authors' algorithm as laplace-torch 0.3's ``marglik_training`` run on
 our splits (``experiments/immer2021/laplace_torch_reference.csv``, made by
 ``laplace_torch_reference.py``; naval-propulsion-plant: its float64 rows, float32 fails) and our
@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "src"))
-from laplace_lab.peer_ours import ours_rows  # noqa: E402
+from laplace_lab.reporting.peer_ours import ours_rows  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 COLUMNS = ["side", "seed", "commit", "command", "data", "method", "dtype", "test/la/ll", "test/map/ll"]

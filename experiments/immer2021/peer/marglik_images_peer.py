@@ -2,7 +2,7 @@
 (the authors' Algorithm 1 as their library ships it; aleximmer/marglik ``marglik.py`` is the same
 loop with an exponential lr decay by default) trains the network on our data at a CPU cut, and its
 Laplace (KFAC-GGN, GLM probit) and plug-in predictives are evaluated with our metrics. One row per
-data set, architecture and seed in the peer format of ``laplace_lab.peer_pairs``.
+data set, architecture and seed in the peer format of ``laplace_lab.reporting.peer_pairs``.
 
 Same data and cut as our side (``laplace_lab.data.VisionDataModule``: the first ``--n-train``
 images of a seeded permutation of the training set with 5000 held out, as ``data.n_train_subset``;
@@ -34,7 +34,7 @@ import torch
 
 from laplace_lab.data.vision import VisionDataModule
 from laplace_lab.evaluation.metrics import classification_metrics
-from laplace_lab.peer_csv import append_row, comma_choices
+from laplace_lab.reporting.peer_csv import append_row, comma_choices
 
 MODELS = {"lenet": ("laplace_lab.models.lenet", "LeNet"), "mlp_500_300": ("laplace_lab.models.mlp", "MLP")}
 METRICS = ["test/la/acc", "test/la/nll", "test/la/ece", "test/map/acc", "test/map/nll", "test/map/ece",

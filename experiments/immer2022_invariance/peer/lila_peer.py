@@ -1,6 +1,6 @@
 """The authors' code for Immer, van der Ouderaa et al. 2022 (tychovdo/lila,
 ``classification_image.py``) run on the shared MNIST files at a CPU cut, one CSV row per data
-variant, mode and seed, in the peer format of ``laplace_lab.peer_pairs``.
+variant, mode and seed, in the peer format of ``laplace_lab.reporting.peer_pairs``.
 
 Modes, as the authors' ``experimentscripts/mnist_mlp`` scripts: ``none`` = ``M_mlp_base_*``
 (``--method avgfunc --n_samples_aug 1``, no augmentation learned) and ``learned`` =

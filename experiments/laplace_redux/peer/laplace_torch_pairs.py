@@ -1,5 +1,5 @@
 """The laplace-torch peer of the committed ``redux_mnist`` table as a paired peer CSV
-(``laplace_lab.peer_pairs``): ``laplace_torch_100ep.csv``.
+(``laplace_lab.reporting.peer_pairs``): ``laplace_torch_100ep.csv``.
 
 ``../laplace_torch_reference.csv`` holds laplace-torch 0.3 (the authors' library, with the settings
 of the authors' ``uq.py``: ``configs/post_hoc_laplace/mnist_{default,bestood}.yaml``) fitted on the

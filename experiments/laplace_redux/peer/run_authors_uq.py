@@ -1,6 +1,6 @@
 """The Laplace Redux authors' own evaluation code, ``uq.py`` of runame/laplace-redux, run here on our
 MAP LeNets beside our post-hoc jobs on the same networks: the paired peer CSV
-``authors_uq.csv`` (``laplace_lab.peer_pairs`` format) that ``../reference.yaml`` judges.
+``authors_uq.csv`` (``laplace_lab.reporting.peer_pairs`` format) that ``../reference.yaml`` judges.
 
 Nothing of the authors' repository is copied into this project. The script takes a checkout of it
 (``--authors-repo``; ``git clone https://github.com/runame/laplace-redux`` at ``AUTHORS_COMMIT``) and
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = read_csv(args.out)
     done = {int(r["seed"]) for r in rows if r["side"] == "theirs"}
     header = [f"{AUTHORS_REPO} uq.py at {AUTHORS_COMMIT}, run here on our MAP LeNets by "
-              "experiments/laplace_redux/peer/run_authors_uq.py (columns: laplace_lab.peer_pairs)",
+              "experiments/laplace_redux/peer/run_authors_uq.py (columns: laplace_lab.reporting.peer_pairs)",
               "run-time patch: " + " | ".join(f"{rel}: {old.strip()!r} -> {new.strip()!r}" for rel, old, new in PATCH),
               "test/*: MNIST test split of uq.py (8000 images; ours data.test_holdout=2000); test/ece_redux: "
               "utils.get_calib (M=100); ood/fashion_mnist/*: all 10k FashionMNIST test images",

@@ -1,10 +1,10 @@
 """Data modules: generated toys, UCI regression and torchvision image sets (``vision``, loaded on
 first use: torchvision takes seconds to import)."""
 
+from laplace_lab import lazy_attributes
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.data.toy import SinusoidDataModule, Toy2DDataModule
 from laplace_lab.data.uci import UCI_DATASETS, UCIDataModule
-from laplace_lab.lazy import lazy_attributes
 
 __all__ = [
     "LabDataModule", "Toy2DDataModule", "SinusoidDataModule", "UCIDataModule", "VisionDataModule",

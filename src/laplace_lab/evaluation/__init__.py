@@ -57,8 +57,8 @@ Modules: ``config`` (validation), ``metrics``, ``predict`` (running predictors),
 ``report`` (loggers and files), ``runner``.
 """
 
+from laplace_lab import lazy_attributes
 from laplace_lab.evaluation.config import EvalConfig, validate_config
-from laplace_lab.lazy import lazy_attributes
 
 __all__ = ["EvalConfig", "metric_key", "run_evaluation", "toy2d_contours", "validate_config"]
 # ``runner`` / ``toy2d`` names on first use (they import pandas and matplotlib)

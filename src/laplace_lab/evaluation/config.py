@@ -1,6 +1,6 @@
 """Typed, validated view of the ``evaluation`` config group (``conf/evaluation/*.yaml``).
 
-``validate_config(cfg)`` takes a mapping (``DictConfig`` or ``dict``; missing keys take the
+``validate_config(cfg)`` takes a mapping (an OmegaConf node or a ``dict``; missing keys take the
 defaults below) and returns a frozen :class:`EvalConfig`. Every bad value raises ``ValueError``
 naming the option (``evaluation.<path>``) and the allowed values, and unknown keys are rejected
 with the list of known ones, so a typo fails when the config is composed, before any training.
@@ -244,13 +244,9 @@ class EvalConfig:
 
 
 def _to_container(cfg: Any) -> Any:
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        return cfg
-    if isinstance(cfg, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(cfg, resolve=True)
-    return cfg
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg
 
 
 def _build(cls, data: Mapping | None, path: str):
@@ -273,7 +269,7 @@ def _build(cls, data: Mapping | None, path: str):
 
 
 def validate_config(cfg: Any = None, prefix: str = "evaluation") -> EvalConfig:
-    """``cfg`` (DictConfig, dict, None or an ``EvalConfig``) -> validated ``EvalConfig``.
+    """``cfg`` (an OmegaConf node, a dict, None or an ``EvalConfig``) -> validated ``EvalConfig``.
 
     A top-level ``name`` key (the yaml's own label) is accepted and ignored.
     """

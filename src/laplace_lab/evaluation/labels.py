@@ -1,5 +1,6 @@
 """Names a reader understands, for figure titles and the console summary: the data set of a run
-(``dataset_label``), its Laplace predictive (``laplace_label``) and the predictors (``PREDICTORS``)."""
+(``dataset_label``), its Laplace predictive (``laplace_label``), both (``run_label``) and the
+predictors (``PREDICTORS``)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,10 @@ def laplace_label(cfg: Mapping[str, Any], likelihood: str = "classification") ->
     if likelihood == "regression" and predictive.get("pred_type") == "glm":
         link = "closed form"
     return f"{subset} {structure}-{kind}, {pred} predictive ({link})"
+
+
+def run_label(cfg: Mapping[str, Any], likelihood: str, with_laplace: bool) -> str:
+    """``toy2d moons; Laplace: last-layer KFAC-GGN, GLM predictive (MC)``, written on every figure,
+    from a run's resolved config (``with_laplace``: a post-hoc Laplace is fitted)."""
+    bayes = f"; Laplace: {laplace_label(cfg, likelihood)}" if with_laplace else ""
+    return f"{dataset_label(cfg.get('data') or {})}{bayes}"

@@ -5,7 +5,7 @@ Agg canvas (no pyplot state, no display needed); ``report.Reporter`` saves it as
 run's data set and Laplace predictive above the figure's own title) and sends it to wandb.
 Histograms and metric curves are drawn with seaborn, imported on their first use (its import,
 with scipy's, costs about 2 s); the rest use matplotlib alone. No global theme is set: every
-axes gets ``style(ax)`` (also used by the tables' figures, ``laplace_lab.table_figures``), and
+axes gets ``style(ax)`` (also used by the tables' figures, ``laplace_lab.reporting.figures``), and
 predictors are shown by name (``map`` as MAP, ``la`` as Laplace: ``labels.predictor_label``).
 """
 

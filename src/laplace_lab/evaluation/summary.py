@@ -14,7 +14,9 @@ literature expects Laplace to improve.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 MAP, LAPLACE = "map", "la"
 
@@ -140,3 +142,12 @@ def format_summary(metrics: dict[str, float], method: str = "", dataset: str = "
     if away:
         lines.append(_closing_line("Away from the training data", away))
     return "\n".join(lines)
+
+
+def laplace_summary(metrics: dict[str, float], cfg: Mapping[str, Any], likelihood: str,
+                    far_away_alpha: float | None = None) -> str:
+    """``format_summary`` of a run, its predictive and data set named from its resolved config."""
+    from laplace_lab.evaluation.labels import dataset_label, laplace_label
+
+    return format_summary(metrics, laplace_label(cfg, likelihood), dataset_label(cfg.get("data") or {}),
+                          far_away_alpha)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
-from laplace_lab.eta import format_duration
+from laplace_lab.io.eta import format_duration
 
 log = logging.getLogger(__name__)
 

@@ -53,11 +53,18 @@ from laplace_lab.laplace.likelihoods import get_likelihood
 from laplace_lab.laplace.modules import is_kfac_module, rows_in, rows_out
 
 STRUCTURES = ("kron", "kron_expand", "diag")  # this module's factor forms (its own, not the engine's classes)
-# engine structures whose curvature ``fit_laplace`` can load (``Structure.load_layer_curvature``) from
-# the factor form of the same name
-LAPLACE_STRUCTURES = ("kron", "diag")
-CURVATURES = ("ggn", "ef")
+CURVATURES = ("ggn", "ef")  # the output factors this module back-propagates
 LIKELIHOODS = ("classification", "regression")
+
+
+def laplace_structures() -> tuple[str, ...]:
+    """The registered engine structures whose curvature ``fit_laplace`` can load: those that implement
+    ``Structure.load_layer_curvature`` and share their name with a factor form of this module."""
+    from laplace_lab.laplace.structures import STRUCTURES as REGISTERED
+    from laplace_lab.laplace.structures.base import Structure
+
+    return tuple(name for name, cls in REGISTERED.items()
+                 if name in STRUCTURES and cls.load_layer_curvature is not Structure.load_layer_curvature)
 
 
 @dataclass
@@ -175,8 +182,8 @@ def fit_laplace(la, model: nn.Module, loader, likelihood: str = "classification"
     full-data ``Factors`` (tested), so a prior step on ``la`` and an eta step on the factors optimise
     the same marglik, as the authors' code does (one ``Laplace`` for both)."""
     structure, curvature = la.hessian_structure, la.curvature
-    if structure not in LAPLACE_STRUCTURES or la.subset_of_weights != "all":
-        raise ValueError(f"fit_laplace needs curvature.hessian_structure in {list(LAPLACE_STRUCTURES)} and "
+    if structure not in laplace_structures() or la.subset_of_weights != "all":
+        raise ValueError(f"fit_laplace needs curvature.hessian_structure in {list(laplace_structures())} and "
                          f"curvature.subset_of_weights='all'; got ({structure!r}, {la.subset_of_weights!r})")
     layers = _check(model, structure, curvature, likelihood)
     if [e.module for e in la.entries] != layers or la.model is not model:

@@ -49,7 +49,7 @@ _check_choice = check_choice
 
 def structure_kwargs(struct_cls, options: dict) -> dict:
     """The constructor keywords of a structure: its declared ``options`` taken from ``options``."""
-    unknown = sorted(set(options) - set(struct_cls.options) - {"n_eigs"})
+    unknown = sorted(set(options) - set(struct_cls.options))
     if unknown:
         raise ValueError(f"structure_options {unknown} are not options of hessian_structure={struct_cls.name!r}; "
                          f"allowed: {list(struct_cls.options)}")
@@ -159,6 +159,9 @@ class Laplace:
         structure_options: the structure's declared ``options``, e.g. kron's ``kfac_approx``
             ("expand" default | "reduce" | "backpack", ``options.KfacApprox``); laplace-torch's
             ``asdl_fisher_kwargs={"kfac_approx": ...}`` means the same.
+        **options: the structure's declared ``options`` as keywords too, e.g. lowrank's
+            ``n_eigs=100`` (``structure_options`` wins); a keyword no argument and no option of the
+            structure takes is a ``TypeError``.
 
     Attributes after ``fit``: ``mean`` [P], ``n_data``, ``n_outputs``, ``loss`` (summed NLL, unit
     noise), ``prior_precision`` ([1] / [n_layers] / [P]), ``sigma_noise`` (0-dim),
@@ -184,7 +187,6 @@ class Laplace:
         last_layer_name: str | None = None,
         generator: torch.Generator | None = None,
         seed: int | None = None,
-        n_eigs: int = 100,
         structure_options: dict | None = None,
         prior_groups: torch.Tensor | None = None,
         example_input: torch.Tensor | None = None,
@@ -195,6 +197,7 @@ class Laplace:
         feature_reduction: str | None = None,
         dict_key_x: str = "input_ids",
         dict_key_y: str = "labels",
+        **options,
     ):
         likelihood = _check_choice("likelihood", likelihood, LIKELIHOODS)
         curvature, self.backend_name = resolve_backend(backend, curvature)
@@ -208,8 +211,12 @@ class Laplace:
         self.dict_key_x, self.dict_key_y = dict_key_x, dict_key_y
         subset_of_weights = _check_choice("subset_of_weights", subset_of_weights, SUBSETS)
         hessian_structure = _check_choice("hessian_structure", hessian_structure, tuple(STRUCTURES))
-        structure_options = compat_structure_options(backend, asdl_fisher_kwargs, structure_options,
-                                                     STRUCTURES[hessian_structure].options)
+        declared = STRUCTURES[hessian_structure].options
+        if set(options) - set(declared):
+            raise TypeError(f"Laplace() got unexpected keyword arguments {sorted(set(options) - set(declared))}; "
+                            f"the options of hessian_structure={hessian_structure!r}: {list(declared)}")
+        structure_options = compat_structure_options(backend, asdl_fisher_kwargs, {**options, **(structure_options or {})},
+                                                     declared)
         STRUCTURES[hessian_structure].check_options(structure_options)
         if not (isinstance(n_mc_samples, int) and n_mc_samples >= 1):
             raise ValueError(f"n_mc_samples must be a positive int; got {n_mc_samples!r}")
@@ -256,7 +263,7 @@ class Laplace:
             generator = torch.Generator(device=self._device).manual_seed(seed)
         self.generator = generator
         self._structure = struct_cls(self.entries, self._device, self._dtype,
-                                     **structure_kwargs(struct_cls, {"n_eigs": n_eigs, **(structure_options or {})}))
+                                     **structure_kwargs(struct_cls, structure_options or {}))
         self.mean = self.prior_mean.expand(self.n_params).clone()  # laplace-torch: the prior mean until fit
         self.linear_offset = None  # [P] theta* - theta_hat once linear_mode.fit_linear_mode ran
         self.loss = torch.zeros((), device=self._device, dtype=self._dtype)

@@ -13,13 +13,13 @@
 - ``superseded``: an earlier attempt's wandb runs moved out of the way of a rerun's.
 
 Importing the package registers the OmegaConf resolvers the Hydra configs use
-(``lab_job_subdir``, ``lab_gpus_per_job``) and the output filters of ``laplace_lab.quiet_logs``;
+(``lab_job_subdir``, ``lab_gpus_per_job``) and the output filters of ``laplace_lab.io.quiet_logs``;
 ``laplace_lab.train`` imports it.
 """
 
 from __future__ import annotations
 
-from laplace_lab import quiet_logs
+from laplace_lab.io import quiet_logs
 from laplace_lab.sweeps.resolvers import register_resolvers
 from laplace_lab.sweeps.status import STATUS_FILE, is_finished, read_status
 

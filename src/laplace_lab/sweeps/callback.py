@@ -5,11 +5,13 @@ Configured in ``conf/train.yaml`` as ``hydra.callbacks.sweep_summary``:
 - ``fail_on_error`` (default true): exit with status 1 after the summary when a job failed or
   did not finish, or the aggregation failed.
 - ``aggregate`` (default null): ``{name, metrics, group_by, seed_keys, results_dir, figures,
-  model_selection}``,
-  passed to ``laplace_lab.tables.aggregate_sweep`` to write ``<name>.md``, ``.csv`` and ``.jobs.csv``
+  model_selection}``, handed to the ``aggregator`` to write ``<name>.md``, ``.csv`` and ``.jobs.csv``
   of this launch's jobs into the sweep folder (``results_dir``, when given, relative to it).
   When null, a root-level ``aggregate`` key of the config (set by an experiment preset) is used.
   Invalid keys stop the multirun before any job runs.
+- ``aggregator``: an object with ``validate(aggregate) -> dict | None`` and ``write(sweep_dir, spec,
+  launch_id, preset) -> [paths]`` (``conf/train.yaml`` gives ``laplace_lab.reporting.sweep_table.SweepTable``
+  by ``_target_``, so this package does not import reporting); None: an ``aggregate`` is an error.
 
 - ``lock_wait_s`` (default 0): how long a launch waits for another launch holding the same sweep
   folder before it refuses (``sweeps.lock``).
@@ -42,7 +44,6 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from laplace_lab.model_selection import validate_spec
 from laplace_lab.sweeps import lock, signals
 from laplace_lab.sweeps.run_only import sweep_dirname, sweeper_choice
 from laplace_lab.sweeps.status import (
@@ -59,25 +60,6 @@ from laplace_lab.sweeps.status import (
 )
 
 log = logging.getLogger(__name__)
-AGGREGATE_KEYS = ("name", "metrics", "group_by", "seed_keys", "results_dir", "figures", "model_selection")
-
-
-def validate_aggregate(aggregate: Any) -> dict[str, Any] | None:
-    """The ``aggregate`` option as a plain dict (or None); unknown keys raise a ValueError."""
-    if aggregate is None:
-        return None
-    spec = OmegaConf.to_container(aggregate, resolve=True) if isinstance(aggregate, DictConfig) else dict(aggregate)
-    unknown = sorted(set(spec) - set(AGGREGATE_KEYS))
-    if unknown:
-        raise ValueError(f"aggregate has unknown keys {unknown}; "
-                         f"allowed: {list(AGGREGATE_KEYS)}")
-    if not spec.get("name"):
-        raise ValueError("aggregate.name is required (the results/<name>.md table)")
-    if spec.get("model_selection") is not None:
-        validate_spec(spec["model_selection"])
-    return spec
-
-
 def summarize(sweep_dir: str | Path, launch_id: str | None) -> dict[str, Any]:
     """Classify the jobs of launch ``launch_id`` under ``sweep_dir`` by their markers: the jobs it
     ran or skipped (``status.last_launch_id``)."""
@@ -146,14 +128,16 @@ def check_options(fail_on_error: Any, lock_wait_s: Any) -> float:
 
 
 class SweepSummary(Callback):
-    def __init__(self, fail_on_error: bool = True, aggregate: Any = None, lock_wait_s: float = 0.0) -> None:
+    def __init__(self, fail_on_error: bool = True, aggregate: Any = None, lock_wait_s: float = 0.0,
+                 aggregator: Any = None) -> None:
         try:
             self.lock_wait_s = check_options(fail_on_error, lock_wait_s)
         except ValueError as err:  # Hydra turns callback errors into warnings; stop before any job runs
             log.error("%s", err)
             raise SystemExit(1) from err
         self.fail_on_error = fail_on_error
-        self.aggregate = validate_aggregate(aggregate)
+        self.aggregator = aggregator
+        self.aggregate = self._validate(aggregate)
         self.launch: dict[str, Any] | None = None
         self.lock_fd: int | None = None
         self.config: DictConfig | None = None
@@ -176,7 +160,8 @@ class SweepSummary(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         try:
-            self.aggregate = self.aggregate or validate_aggregate(OmegaConf.select(config, "aggregate"))
+            root = OmegaConf.select(config, "aggregate")
+            self.aggregate = self.aggregate or self._validate(None if root is None else OmegaConf.to_container(root, resolve=True))
         except ValueError as err:
             # Hydra turns exceptions raised by callbacks into warnings; stop before any job runs.
             log.error("%s", err)
@@ -193,6 +178,15 @@ class SweepSummary(Callback):
         log.info("Sweep folder: %s (launch %s)", sweep_dir.resolve(), launch["launch_id"])
         self.config = config
         signals.on_interrupt(self._on_interrupt)  # SIGTERM / SIGINT: the summary is still written
+
+    def _validate(self, aggregate: Any) -> dict[str, Any] | None:
+        """``aggregate`` checked by the aggregator (a ValueError for bad keys, or for no aggregator)."""
+        if aggregate is None:
+            return None
+        if self.aggregator is None:
+            raise ValueError("aggregate is set but the sweep_summary callback has no aggregator "
+                             "(hydra.callbacks.sweep_summary.aggregator)")
+        return self.aggregator.validate(aggregate)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         signals.remove(self._on_interrupt)
@@ -232,11 +226,9 @@ class SweepSummary(Callback):
             return
         aggregation_failed = False
         if self.aggregate:
-            from laplace_lab.tables import aggregate_sweep
-
             try:  # this launch's jobs, into the sweep folder; verdicts of the preset's reference.yaml
-                paths = aggregate_sweep(sweep_dir, self.aggregate, launch_id=launch.get("launch_id"),
-                                        preset=OmegaConf.select(config, "hydra.runtime.choices.experiment"))
+                paths = self.aggregator.write(sweep_dir, self.aggregate, launch.get("launch_id"),
+                                              OmegaConf.select(config, "hydra.runtime.choices.experiment"))
             except Exception as err:  # noqa: BLE001 - reported, then the exit status says so
                 log.error("Aggregation of %s failed: %s: %s", sweep_dir, type(err).__name__, err)
                 aggregation_failed = True
@@ -251,6 +243,6 @@ class SweepSummary(Callback):
                           c["failed"], c["unfinished"], sweep_dir)
             if aggregation_failed:
                 log.error("The jobs' results are in their folders, but the table of %s was not written (the "
-                          "aggregation error above); fix it, then run python -m laplace_lab.tables on the folder.",
+                          "aggregation error above); fix it, then run python -m laplace_lab.reporting.tables on the folder.",
                           sweep_dir)
             raise SystemExit(1)

@@ -17,9 +17,10 @@ from typing import Any
 GPU_ACCELERATORS = ("gpu", "cuda")
 
 
-def check_accelerator(trainer_cfg: Any) -> None:
-    """Raise a ValueError when ``trainer.accelerator`` asks for CUDA GPUs this machine does not have."""
-    accelerator = str(trainer_cfg.get("accelerator", "auto")).lower()
+def check_accelerator(accelerator: str, devices: Any = 1) -> None:
+    """Raise a ValueError when ``trainer.accelerator`` (and ``trainer.devices``) ask for CUDA GPUs this
+    machine does not have."""
+    accelerator = str(accelerator).lower()
     if accelerator not in GPU_ACCELERATORS:
         return
     import torch
@@ -32,7 +33,6 @@ def check_accelerator(trainer_cfg: Any) -> None:
         reason = "this torch has no CUDA support" if torch.version.cuda is None else "no CUDA GPU is visible"
         raise ValueError(f"trainer.accelerator={accelerator!r} (trainer=gpu) asks for a CUDA GPU, but {reason} "
                          f"({seen}). Use trainer=cpu or trainer=default (accelerator: auto) on this machine.")
-    devices = trainer_cfg.get("devices", 1)
     if isinstance(devices, int) and devices > torch.cuda.device_count():
         raise ValueError(f"trainer.devices={devices} asks for more GPUs than visible ({seen}).")
 

@@ -1,4 +1,4 @@
-"""Where a job is now, from its ``progress.json`` (``laplace_lab.eta``), for ``sweeps.progress``.
+"""Where a job is now, from its ``progress.json`` (``laplace_lab.io.eta``), for ``sweeps.progress``.
 
 A job's trainings each write their own file (a ``map_grid`` point or ensemble member in its
 subfolder; the job's phases in its own folder): the most recently updated one tells where the job is.
@@ -14,7 +14,7 @@ import socket
 import time
 from pathlib import Path
 
-from laplace_lab.eta import PROGRESS_FILE, clock_time, format_duration, read_progress
+from laplace_lab.io.eta import PROGRESS_FILE, clock_time, format_duration, read_progress
 
 
 def latest_progress(job_dir: Path) -> tuple[str, dict] | None:

@@ -15,7 +15,8 @@ once the trainer and model exist).
 A relaunch sets aside what an earlier attempt left unreadable (``status.set_aside_unreadable``)
 and its wandb runs (``superseded``). SIGTERM / SIGINT (``signals.JobInterrupted``) mark the job
 ``failed`` with ``interrupted`` and stop the launch. An explicit ``checkpoint.dirpath`` is narrowed
-per job in a multirun (``job_checkpoint_dir``), so the jobs cannot share checkpoints.
+per job in a multirun (``job_checkpoint_dir``, applied by ``train.run``), so the jobs cannot share
+checkpoints.
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from laplace_lab.io.atomic import write_text_atomic
 from laplace_lab.sweeps.devices import device_record
+from laplace_lab.sweeps.run_only import job_dirname
 from laplace_lab.sweeps.signals import JobInterrupted
 from laplace_lab.sweeps.status import (
     ENTRY,
@@ -49,6 +51,7 @@ from laplace_lab.sweeps.status import (
     read_metrics,
     read_status,
     set_aside_unreadable,
+    unchanged_config,
     write_status,
 )
 from laplace_lab.sweeps.superseded import set_aside_earlier_runs
@@ -58,8 +61,9 @@ FAILED_FILE = "FAILED"  # the traceback of the last failed attempt (removed when
 DEFAULT_OBJECTIVE = "val/nll"
 
 
-def objective_key(cfg: DictConfig) -> str:
-    return str(OmegaConf.select(cfg, "sweep_objective", default=DEFAULT_OBJECTIVE))
+def objective_key(cfg: Any) -> str:
+    """``sweep_objective`` of the job config (a mapping), else ``DEFAULT_OBJECTIVE``."""
+    return str(cfg.get("sweep_objective") or DEFAULT_OBJECTIVE)
 
 
 def objective(metrics: dict[str, float] | None, key: str) -> float:
@@ -69,11 +73,11 @@ def objective(metrics: dict[str, float] | None, key: str) -> float:
     return float(metrics[key])
 
 
-def _is_multirun() -> bool:
+def is_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-RunFn = Callable[[DictConfig, Path], dict[str, float]]
+RunFn = Callable[[Any, Path], dict[str, float]]
 
 
 def record_devices(output_dir: Path, trainer=None, module=None) -> dict:
@@ -84,8 +88,9 @@ def record_devices(output_dir: Path, trainer=None, module=None) -> dict:
     return record
 
 
-def run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
-    """Run ``run_fn(cfg, output_dir)`` (skipping finished multirun jobs); return the objective.
+def run_tracked(run_fn: RunFn, cfg: Any, output_dir: Path) -> float:
+    """Run ``run_fn(cfg, output_dir)`` (skipping finished multirun jobs); return the objective. ``cfg``
+    is the composed job config (a mapping), handed to ``run_fn`` as it is and hashed here.
 
     The output folder is logged when the run starts and when it ends (finished, skipped or failed)."""
     log.info("Output folder: %s", output_dir.resolve())
@@ -113,38 +118,27 @@ def job_checkpoint_dir(dirpath: str, output_dir: Path, output_root: str | None) 
     return str(Path(dirpath) / rel)
 
 
-def _narrow_checkpoint_dir(cfg: DictConfig, output_dir: Path) -> None:
-    dirpath = OmegaConf.select(cfg, "checkpoint.dirpath")
-    if not dirpath:
-        return
-    narrowed = job_checkpoint_dir(str(dirpath), output_dir, OmegaConf.select(cfg, "paths.output_root"))
-    with read_write(cfg), open_dict(cfg):
-        cfg.checkpoint.dirpath = narrowed
-    log.info("checkpoint.dirpath=%s is shared by the jobs of this multirun: this job's checkpoints go to %s",
-             dirpath, narrowed)
-
-
-def _run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
+def _run_tracked(run_fn: RunFn, cfg: Any, output_dir: Path) -> float:
     key = objective_key(cfg)
-    if not _is_multirun():
+    if not is_multirun():
         try:
             return objective(run_fn(cfg, output_dir), key)
         except JobInterrupted as err:
             _mark_interrupted(output_dir, err)
             raise
     hc = HydraConfig.get()
-    _narrow_checkpoint_dir(cfg, output_dir)
+    name = job_dirname(hc.overrides.task)
     launch_id = job_launch_id(hc)
     output_dir.mkdir(parents=True, exist_ok=True)
     fingerprint = config_fingerprint(cfg)
     finished = is_finished(output_dir)
     old_hash = (read_status(output_dir) or {}).get("config_hash", fingerprint)  # none: a marker from before hashes
-    if finished and old_hash != fingerprint:
+    if finished and not unchanged_config(old_hash, cfg):
         log.warning("Job #%s %s finished before with a different config (hash %s, now %s): running it again",
-                    hc.job.num, hc.job.override_dirname, old_hash, fingerprint)
+                    hc.job.num, name, old_hash, fingerprint)
         (output_dir / "metrics.json").unlink()
     elif finished:
-        log.info("Skipping job #%s %s: already finished in %s", hc.job.num, hc.job.override_dirname, output_dir)
+        log.info("Skipping job #%s %s: already finished in %s", hc.job.num, name, output_dir)
         write_status(output_dir, last_launch_id=launch_id, last_action="skipped", skipped_at=now_iso())
         return objective(read_metrics(output_dir), key)
     set_aside_unreadable(output_dir)  # a cut-off status.json / metrics.json: named, kept aside, run again
@@ -167,7 +161,7 @@ def _run_tracked(run_fn: RunFn, cfg: DictConfig, output_dir: Path) -> float:
         write_status(output_dir, state="failed", ended=now_iso(), ended_unix=time.time(), wall_s=time.perf_counter() - start,
                      error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(), hardware=hardware())
         write_text_atomic(output_dir / FAILED_FILE, traceback.format_exc())
-        log.error("Job #%s %s FAILED (%s: %s); traceback in %s", hc.job.num, hc.job.override_dirname,
+        log.error("Job #%s %s FAILED (%s: %s); traceback in %s", hc.job.num, name,
                   type(err).__name__, err, output_dir / "status.json")
         return math.nan
     write_status(output_dir, state="finished", ended=now_iso(), ended_unix=time.time(), wall_s=time.perf_counter() - start,

@@ -4,7 +4,7 @@
     python -m laplace_lab.sweeps.records restore results/sweeps outputs/images250
 
 ``save`` copies every *finished* job (``status.is_finished``) under the source folder, keeping its
-path relative to that folder, with the text files that ``laplace_lab.tables`` and an audit need
+path relative to that folder, with the text files that ``laplace_lab.reporting.tables`` and an audit need
 (``RECORD_SUFFIXES``: ``status.json``, ``metrics.json``, the Hydra and resolved configs, the CSV
 training curve) and its multirun folder's ``launches.jsonl`` / ``multirun.yaml`` / ``summary.json``.
 Checkpoints, logs and figures stay behind. The machine's absolute paths in those files (the

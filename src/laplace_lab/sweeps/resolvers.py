@@ -1,5 +1,6 @@
-"""OmegaConf resolvers used by ``conf/train.yaml`` (sweep subdir), ``conf/hydra/launcher/ray.yaml``
-and experiment presets (``lab_if_equal``: a value that depends on the swept method)."""
+"""OmegaConf resolvers of Hydra's own config: ``conf/train.yaml`` (the sweep subdir) and
+``conf/hydra/launcher/ray.yaml`` (GPUs per job). The job config's resolver (``lab_if_equal``) is
+registered by ``laplace_lab.config``."""
 
 from __future__ import annotations
 
@@ -23,16 +24,7 @@ def gpus_per_job() -> int:
     return 1 if torch.cuda.is_available() else 0
 
 
-def if_equal(value, expected, then, otherwise):
-    """``then`` if ``value == expected`` else ``otherwise``, e.g. in a preset
-    ``val_fraction: ${lab_if_equal:${method_name},map_grid,0.1,0.0}`` (a validation split only
-    for the method that needs one). A list or dict result comes back as an OmegaConf container, so
-    the config still resolves in place."""
-    result = then if value == expected else otherwise
-    return OmegaConf.create(result) if isinstance(result, (list, dict)) else result
-
-
 def register_resolvers() -> None:
-    for name, fn in (("lab_job_subdir", job_subdir), ("lab_gpus_per_job", gpus_per_job), ("lab_if_equal", if_equal)):
+    for name, fn in (("lab_job_subdir", job_subdir), ("lab_gpus_per_job", gpus_per_job)):
         if not OmegaConf.has_resolver(name):
             OmegaConf.register_new_resolver(name, fn)

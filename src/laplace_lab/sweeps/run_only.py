@@ -10,10 +10,18 @@ Three things ignore them, all through this module:
 - the sweep's config hash (``sweeps.status.config_fingerprint``): a finished job is not re-run;
 - the MAP-cache key (``training.map_cache``).
 
+Hydra's own ``hydra.job.override_dirname`` is not used: this module is the one list.
+``WIRING_KEYS`` (``module``, ``callbacks``) only name objects by ``_target_`` (their options are in
+the groups): they name job folders like any key, but stay out of the config hash, as the code does.
+``SWITCHED_OFF`` nodes (``evaluation.landscape``) stay out of the hash while their ``enabled`` is
+false: a feature that is off changes nothing a job computes, so adding one does not make every
+finished job run again (``hashed_config``). For the same reason ``ADDED_AT_DEFAULT`` options stay out
+of the hash at the value that keeps the behaviour from before they existed.
+
 ``RUN_ONLY_KEYS`` are top-level keys dropped whole; ``RUN_ONLY_SUBKEYS[group]`` are keys dropped
 inside a group. Override values are normalised in names (``1``, ``1.0`` and ``1e0`` are one job:
 ``normalize_value``, ``normalized_overrides``), so one value never makes two folders. (Tables
-group jobs by their own number-as-number key, ``laplace_lab.tables``.)
+group jobs by their own number-as-number key, ``laplace_lab.reporting.tables``.)
 """
 
 from __future__ import annotations
@@ -34,6 +42,42 @@ RUN_ONLY_SUBKEYS = {
 # (the sweep folder is named by it) and Hydra's own groups.
 RUN_ONLY_OVERRIDES = ("experiment", "hydra")
 MAX_NAME_CHARS = 200
+WIRING_KEYS = ("module", "callbacks")
+SWITCHED_OFF = ("evaluation.landscape",)  # nodes with an ``enabled`` switch, hashed only when on
+# options added after jobs had finished, and the value that computes what those jobs computed
+ADDED_AT_DEFAULT = {"het_head": "softplus", "predictive.het_approx": "mean", "data.dtype": "float32"}
+
+
+def hashed_config(data: dict[str, Any]) -> dict[str, Any]:
+    """What the sweep's config hash covers: the resolved job config less run-only keys, wiring nodes
+    (``WIRING_KEYS``), the ``hydra`` node, the ``SWITCHED_OFF`` nodes that are off and the
+    ``ADDED_AT_DEFAULT`` options at that value (the caller's dict is left alone)."""
+    out = {k: v for k, v in strip_run_only(data).items() if k not in WIRING_KEYS and k != "hydra"}
+    for dotted in SWITCHED_OFF:
+        node = _node(out, dotted)
+        if isinstance(node, dict) and not node.get("enabled"):
+            _drop(out, dotted)
+    for dotted, value in ADDED_AT_DEFAULT.items():
+        if _node(out, dotted, missing=object()) == value:
+            _drop(out, dotted)
+    return out
+
+
+def _node(data: dict[str, Any], dotted: str, missing: Any = None) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return missing
+        data = data[part]
+    return data
+
+
+def _drop(data: dict[str, Any], dotted: str) -> None:
+    """Remove ``dotted`` from ``data``, copying the dicts on its path first."""
+    *parents, last = dotted.split(".")
+    for part in parents:
+        data[part] = dict(data[part])
+        data = data[part]
+    del data[last]
 
 
 def strip_run_only(data: dict[str, Any], keys: tuple[str, ...] = RUN_ONLY_KEYS,

@@ -33,7 +33,13 @@ from typing import Any
 from laplace_lab.io.atomic import write_json_atomic  # noqa: F401 - re-exported (sweeps.callback uses it)
 
 # RUN_ONLY_KEYS / RUN_ONLY_SUBKEYS are re-exported: the one list lives in sweeps.run_only.
-from laplace_lab.sweeps.run_only import RUN_ONLY_KEYS, RUN_ONLY_SUBKEYS, strip_run_only  # noqa: F401
+from laplace_lab.sweeps.run_only import (  # noqa: F401
+    RUN_ONLY_KEYS,
+    RUN_ONLY_SUBKEYS,
+    WIRING_KEYS,
+    hashed_config,
+    strip_run_only,
+)
 
 log = logging.getLogger(__name__)
 STATUS_FILE = "status.json"
@@ -50,11 +56,31 @@ DEVICE_FIELDS = ("cuda_visible_devices", "torch_device", "accelerator", "device_
 
 
 def config_fingerprint(cfg: Any) -> str:
-    """Stable hash of the resolved job config less its run-only keys (``run_only.strip_run_only``)."""
+    """Stable hash of the resolved job config less its run-only keys (``run_only.strip_run_only``) and
+    the nodes that only name objects and the switched-off features (``run_only.hashed_config``)."""
     from omegaconf import OmegaConf
 
     data = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
-    return hashlib.sha256(json.dumps(strip_run_only(data), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    data = hashed_config(data)
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def earlier_fingerprint(cfg: Any) -> str:
+    """The hash of ``cfg`` in its earlier form, which still covered the switched-off nodes and the
+    added options at their default (``run_only.SWITCHED_OFF``, ``ADDED_AT_DEFAULT``): what jobs
+    finished before they were left out recorded."""
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
+    data = {k: v for k, v in strip_run_only(data).items() if k not in WIRING_KEYS and k != "hydra"}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def unchanged_config(recorded_hash: str, cfg: Any) -> bool:
+    """Whether a finished job's ``config_hash`` is the hash of ``cfg``, in today's form or the earlier
+    one (``earlier_fingerprint``): a job finished before switched-off nodes and added options left the
+    hash is skipped, not run again."""
+    return recorded_hash in (config_fingerprint(cfg), earlier_fingerprint(cfg))
 
 
 def now_iso() -> str:

@@ -22,7 +22,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from laplace_lab.eta import clock_time, format_duration
+from laplace_lab.io.eta import clock_time, format_duration
 from laplace_lab.sweeps.status import read_status
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """MAP training: ``MAPCore`` (plain ``nn.Module``), ``MAPModule`` (its LightningModule, loaded on first
 use: importing Lightning costs seconds), the online marginal-likelihood callback and the loops."""
 
-from laplace_lab.lazy import lazy_attributes
+from laplace_lab import lazy_attributes
 from laplace_lab.training.module import MAPCore
 
 __all__ = ["MAPCore", "MAPModule"]

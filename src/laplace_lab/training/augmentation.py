@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytorch_lightning as pl
 import torch
-from omegaconf import DictConfig
 
+from laplace_lab.config.schema import AugmentationConfig, MarglikConfig
 from laplace_lab.laplace import differentiable_marglik as dm
 from laplace_lab.models.augmentation import TRANSFORMS, AffineAugmentation, AugmentedModel
 from laplace_lab.training.online_marglik import is_marglik_epoch, marglik_epochs
@@ -32,59 +32,12 @@ from laplace_lab.training.online_marglik import is_marglik_epoch, marglik_epochs
 MODES = ("none", "fixed", "learned")
 
 
-def validate_augmentation_config(cfg: DictConfig) -> None:
-    """Reject invalid ``augmentation.*`` values and combinations (before any work)."""
-    aug = cfg.get("augmentation")
-    if aug is None:
-        return
-    mode = aug.get("mode")
-    if mode not in MODES:
-        raise ValueError(f"augmentation.mode={mode!r} is not supported; allowed: {list(MODES)}")
-    if mode == "none":
-        return
-    AffineAugmentation(int(aug.n_samples), dict(aug.get("init") or {}), list(aug.get("learnable") or []),
-                       aug.get("interpolation", "bilinear"))  # raises on bad names / values
-    if cfg.data.get("_target_", "") != "laplace_lab.data.VisionDataModule":
-        raise ValueError(f"augmentation.mode={mode!r} needs an image data set (data=mnist, ...); got "
-                         f"data._target_={cfg.data.get('_target_')!r}")
-    if cfg.predictive.pred_type == "glm":
-        raise ValueError(f"augmentation.mode={mode!r} supports predictive.pred_type in ['map', 'nn'] (the GLM "
-                         "predictive of an output-averaged network is not implemented); got predictive.pred_type='glm'")
-    if cfg.marglik.mode == "online":  # the prior step fits the averaged model's curvature (fit_for_marglik)
-        c = cfg.curvature
-        if (c.subset_of_weights != "all" or c.hessian_structure not in dm.LAPLACE_STRUCTURES
-                or c.type not in dm.CURVATURES):
-            raise ValueError(
-                f"augmentation.mode={mode!r} with marglik=online needs curvature.subset_of_weights=all, "
-                f"curvature.hessian_structure in {list(dm.LAPLACE_STRUCTURES)} and curvature.type in "
-                f"{list(dm.CURVATURES)}; got "
-                f"({c.subset_of_weights}, {c.hessian_structure}, {c.type})")
-        if cfg.marglik.get("fused"):
-            raise ValueError(f"augmentation.mode={mode!r} needs marglik.fused=false (the fused curvature is the "
-                             "engine's KFAC of the augmented rows, not the averaged model's); got marglik.fused=true")
-    if mode == "learned":
-        if not aug.get("learnable"):
-            raise ValueError("augmentation.mode=learned needs a non-empty augmentation.learnable; "
-                             f"allowed names: {list(TRANSFORMS)}")
-        if cfg.marglik.mode != "online":
-            raise ValueError(f"augmentation.mode=learned needs marglik=online (the ranges are learned by the "
-                             f"online marglik); got marglik.mode={cfg.marglik.mode!r}")
-        if cfg.prior.structure not in ("scalar", "layerwise"):
-            raise ValueError(f"augmentation.mode=learned needs prior.structure in ['scalar', 'layerwise']; "
-                             f"got {cfg.prior.structure!r}")
-        for key in ("lr", "lr_min"):
-            if not float(aug[key]) > 0:
-                raise ValueError(f"augmentation.{key} must be > 0; got {aug[key]!r}")
-
-
-def wrap_model(aug_cfg: DictConfig | None, net: torch.nn.Module) -> torch.nn.Module:
-    """``net`` itself (mode none / no group) or ``AugmentedModel(net, AffineAugmentation(...))``."""
-    if aug_cfg is None or aug_cfg.mode == "none":
+def wrap_model(aug: AugmentationConfig, net: torch.nn.Module) -> torch.nn.Module:
+    """``net`` itself (mode none) or ``AugmentedModel(net, AffineAugmentation(...))``."""
+    if not aug.wraps_model:
         return net
-    learnable = list(aug_cfg.get("learnable") or []) if aug_cfg.mode == "learned" else []
-    aug = AffineAugmentation(int(aug_cfg.n_samples), dict(aug_cfg.get("init") or {}), learnable,
-                             aug_cfg.get("interpolation", "bilinear"))
-    return AugmentedModel(net, aug)
+    learnable = list(aug.learnable) if aug.mode == "learned" else []
+    return AugmentedModel(net, AffineAugmentation(int(aug.n_samples), dict(aug.init), learnable, aug.interpolation))
 
 
 class AugmentationMarglik(pl.Callback):
@@ -99,9 +52,10 @@ class AugmentationMarglik(pl.Callback):
         subset_all: the curvature covers all weights (else no final ``augmentation/log_marglik``).
     """
 
-    def __init__(self, learn: bool, structure: str = "kron", curvature: str = "ggn", frequency: int = 1,
-                 burnin: int = 0, lr: float = 0.05, lr_min: float = 0.05, fit_batch_size: int | None = None,
-                 subset_all: bool = True):
+    def __init__(self, learn: bool, structure: str = "kron", curvature: str = "ggn",
+                 frequency: int = MarglikConfig.frequency, burnin: int = MarglikConfig.burnin,
+                 lr: float = AugmentationConfig.lr, lr_min: float = AugmentationConfig.lr_min,
+                 fit_batch_size: int | None = None, subset_all: bool = True):
         super().__init__()
         self.subset_all = subset_all
         self.learn, self.structure, self.curvature = learn, structure, curvature

@@ -24,52 +24,15 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
+from laplace_lab.config.load import replaced
+from laplace_lab.config.schema import RunConfig
 from laplace_lab.io.atomic import write_text_atomic
-from laplace_lab.training.posthoc import fit_posthoc_laplace, needs_posthoc_laplace
+from laplace_lab.training.posthoc import fit_posthoc_laplace
 from laplace_lab.training.predictors import laplace_predictor, map_predictor, mixture_predictor
 
 log = logging.getLogger(__name__)
-# train_map(cfg, output_dir, loggers) -> (datamodule, module, trainer, metrics), from laplace_lab.train
+# train_map(run, output_dir, loggers) -> (datamodule, module, trainer, metrics): training.fit.train_map
 TrainFn = Callable
-
-
-def enabled(cfg: DictConfig) -> bool:
-    return bool(OmegaConf.select(cfg, "ensemble.enabled", default=False))
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ValueError(message)
-
-
-def validate_ensemble_config(cfg: DictConfig) -> None:
-    """Reject invalid ``ensemble.*`` options and combinations before any work."""
-    ens = cfg.get("ensemble")
-    if ens is None:
-        return
-    _require(isinstance(ens.enabled, bool), f"ensemble.enabled must be true or false; got {ens.enabled!r}")
-    size, stride, member = ens.size, ens.seed_stride, ens.get("member")
-    _require(isinstance(size, int) and not isinstance(size, bool) and size >= 1,
-             f"ensemble.size must be a positive integer; got {size!r}")
-    _require(isinstance(stride, int) and not isinstance(stride, bool) and stride >= 1,
-             f"ensemble.seed_stride must be a positive integer; got {stride!r}")
-    if member is not None:
-        _require(ens.enabled, "ensemble.member needs ensemble.enabled=true (e.g. method=deep_ensemble or method=mola)")
-        _require(isinstance(member, int) and not isinstance(member, bool) and 0 <= member < size,
-                 f"ensemble.member must be null or an integer in [0, ensemble.size={size}); got {member!r}")
-        _require(bool(cfg.map_cache.enabled) and cfg.marglik.mode != "online",
-                 "ensemble.member=<k> only trains member k into the MAP cache: it needs map_cache.enabled=true "
-                 f"and marglik.mode in ['off', 'posthoc']; got map_cache.enabled={cfg.map_cache.enabled}, "
-                 f"marglik.mode={cfg.marglik.mode!r}")
-    if not ens.enabled:
-        return
-    _require(not cfg.get("map_grid"),
-             "map_grid is not supported with ensemble.enabled=true; allowed: map_grid=null (set prior.prior_precision)")
-    _require(member is not None or not cfg.checkpoint.resume_from,
-             "checkpoint.resume_from resumes one network; with ensemble.enabled=true it is only allowed for a "
-             "single-member job (ensemble.member=<k>)")
 
 
 def member_seed(seed: int, k: int, stride: int) -> int:
@@ -77,24 +40,23 @@ def member_seed(seed: int, k: int, stride: int) -> int:
     return int(seed) + int(k) * int(stride)
 
 
-def member_config(cfg: DictConfig, k: int) -> DictConfig:
-    """The single-model config of member ``k``: the run's config with the member's seed."""
-    member = cfg.copy()
-    member.seed = member_seed(cfg.seed, k, cfg.ensemble.seed_stride)
-    return member
+def member_config(run: RunConfig, k: int) -> RunConfig:
+    """The single-model config of member ``k``: the run's config with the member's seed (and what
+    follows it, e.g. ``data.seed: ${seed}``)."""
+    return replaced(run, {"seed": member_seed(run.seed, k, run.ensemble.seed_stride)})
 
 
-def run_member_job(cfg: DictConfig, output_dir: Path, train_fn: TrainFn) -> dict[str, float]:
+def run_member_job(run: RunConfig, output_dir: Path, train_fn: TrainFn) -> dict[str, float]:
     """``ensemble.member=k``: train member ``k`` into the MAP cache; no Laplace, no evaluation."""
-    k = int(cfg.ensemble.member)
-    _, _, _, metrics = train_fn(member_config(cfg, k), output_dir, [])
+    k = int(run.ensemble.member)
+    _, _, _, metrics = train_fn(member_config(run, k), output_dir, [])
     metrics = {**metrics, "ensemble/member": float(k), "ensemble/member_seed": float(member_seed(
-        cfg.seed, k, cfg.ensemble.seed_stride))}
+        run.seed, k, run.ensemble.seed_stride))}
     write_text_atomic(output_dir / "metrics.json", json.dumps(metrics, indent=2))
     return metrics
 
 
-def fit_members(cfg: DictConfig, output_dir: Path, member0, la0, train_fn: TrainFn) -> tuple[dict, dict]:
+def fit_members(run: RunConfig, output_dir: Path, member0, la0, train_fn: TrainFn) -> tuple[dict, dict]:
     """Train members ``1..K-1`` (member 0 is the run's own ``(module, la)``), fit each one's
     Laplace if configured, and build the mixture predictors.
 
@@ -105,9 +67,9 @@ def fit_members(cfg: DictConfig, output_dir: Path, member0, la0, train_fn: Train
     """
     task = "classification" if member0.likelihood == "classification" else "regression"
     modules, laplaces = [member0], [la0]
-    metrics = {"ensemble/size": float(cfg.ensemble.size), "ensemble/fit_s": 0.0, "ensemble/cache_hits": 0.0}
-    for k in range(1, int(cfg.ensemble.size)):
-        mcfg = member_config(cfg, k)
+    metrics = {"ensemble/size": float(run.ensemble.size), "ensemble/fit_s": 0.0, "ensemble/cache_hits": 0.0}
+    for k in range(1, int(run.ensemble.size)):
+        mcfg = member_config(run, k)
         datamodule, module, _, m = train_fn(mcfg, output_dir / f"member_{k}", [])
         module.to(next(member0.parameters()).device)  # Lightning's teardown leaves it on the CPU
         metrics["ensemble/fit_s"] += m["time/fit_s"]
@@ -115,16 +77,16 @@ def fit_members(cfg: DictConfig, output_dir: Path, member0, la0, train_fn: Train
         if "val/nll" in m:
             metrics[f"ensemble/member{k}/val_nll"] = m["val/nll"]
         la = None
-        if needs_posthoc_laplace(mcfg):
+        if mcfg.needs_posthoc_laplace:
             la, la_metrics = fit_posthoc_laplace(mcfg, module, datamodule)
             metrics[f"ensemble/member{k}/prior_precision_mean"] = la_metrics["laplace/prior_precision_mean"]
             metrics["ensemble/fit_s"] += la_metrics["laplace/fit_time_s"]
         module.eval()
         modules.append(module)
         laplaces.append(la)
-        log.info("ensemble member %d/%d ready (seed %d)", k + 1, cfg.ensemble.size, mcfg.seed)
+        log.info("ensemble member %d/%d ready (seed %d)", k + 1, run.ensemble.size, mcfg.seed)
     member0.eval()
     predictors = {"de": mixture_predictor([map_predictor(m) for m in modules], task)}
     if la0 is not None:
-        predictors["mola"] = mixture_predictor([laplace_predictor(la, cfg.predictive) for la in laplaces], task)
+        predictors["mola"] = mixture_predictor([laplace_predictor(la, run.predictive) for la in laplaces], task)
     return predictors, metrics

@@ -3,7 +3,7 @@
 A hook object with Lightning's hook names, run by the plain loop as it is and by Lightning as
 ``training.lightning_classes.EpochETACallback``. After each epoch (validation included) it
 estimates the time left as (epochs left) x (mean epoch time of this launch: a resumed run counts
-only the epochs it ran itself), writes it to the run's ``progress.json`` (``laplace_lab.eta``)
+only the epochs it ran itself), writes it to the run's ``progress.json`` (``laplace_lab.io.eta``)
 and logs it after the first epoch, then at most every ``log_every_s`` seconds (and a closing line
 after the last):
 
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from laplace_lab.eta import ProgressFile, clock_time, format_duration
+from laplace_lab.io.eta import ProgressFile, clock_time, format_duration
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ at. ``final_laplace`` fits that Laplace again exactly as the run did (``fit_post
 the same training rows), so its metrics are the run's ``laplace/...`` metrics.
 
 A job folder may come from elsewhere (restored records, a shared disk): its config's ``_target_``
-values are checked against ``safe_targets`` before anything is built, and the checkpoint is read
+values are checked against ``config.targets`` before anything is built, and the checkpoint is read
 with ``weights_only=True`` (tensors and plain containers only; no pickle payload runs).
 """
 
@@ -16,11 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
+from laplace_lab.config.load import load_run_config, replaced
+from laplace_lab.config.schema import RunConfig
+from laplace_lab.config.targets import check_targets
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.laplace import Laplace
-from laplace_lab.safe_targets import check_targets
 from laplace_lab.training.module import MAPCore
 
 
@@ -41,32 +42,35 @@ def best_state(job: Path) -> dict:
     return states[0]["best_state"]
 
 
-def load_job(job: Path, data_dir: str | None = None) -> tuple[DictConfig, LabDataModule, MAPCore]:
+def load_job(job: Path, data_dir: str | None = None) -> tuple[RunConfig, LabDataModule, MAPCore]:
     """The job's resolved config, its data module (set up for fit) and its module at the best state
-    (eval mode). ``data_dir`` replaces the job's ``paths.data_dir`` (a job run on another machine)."""
-    # the entry point's builder (it imports Hydra): only when called
-    from laplace_lab.train import build
+    (eval mode). ``data_dir`` replaces the job's ``paths.data_dir`` and ``data.data_dir`` (a job run on
+    another machine)."""
+    from omegaconf import OmegaConf  # (the job's resolved config: a yaml file)
+
+    from laplace_lab.training.build import build  # (imports Hydra): only when called
 
     path = Path(job) / "config_resolved.yaml"
     cfg = OmegaConf.load(path)
     check_targets(cfg, where=str(path))  # a config is code: only the allowlist's classes are built
-    if data_dir:
-        cfg.paths.data_dir = data_dir
-    datamodule, module = build(cfg, "plain")
+    run = load_run_config(cfg)
+    if data_dir:  # the saved config is resolved: data.data_dir holds the old path too
+        run = replaced(run, {"paths.data_dir": data_dir} | ({"data.data_dir": data_dir} if "data_dir" in run.data else {}))
+    datamodule, module = build(run, "plain")
     datamodule.setup("fit")
     state = best_state(job)
     module.model.load_state_dict(state["model"])
     module.set_prior_precision(state["prior_precision"])
     module.eval()
-    return cfg, datamodule, module
+    return run, datamodule, module
 
 
 def final_laplace(job: Path, data_dir: str | None = None
-                  ) -> tuple[DictConfig, LabDataModule, MAPCore, Laplace, dict[str, float]]:
+                  ) -> tuple[RunConfig, LabDataModule, MAPCore, Laplace, dict[str, float]]:
     """``load_job`` plus the run's final Laplace fitted again: ``(cfg, datamodule, module, la, metrics)``
     with the ``laplace/...`` metrics of ``fit_posthoc_laplace`` (log marglik and its terms)."""
     from laplace_lab.training.posthoc import fit_posthoc_laplace
 
-    cfg, datamodule, module = load_job(job, data_dir)
-    la, metrics = fit_posthoc_laplace(cfg, module, datamodule)
-    return cfg, datamodule, module, la, metrics
+    run, datamodule, module = load_job(job, data_dir)
+    la, metrics = fit_posthoc_laplace(run, module, datamodule)
+    return run, datamodule, module, la, metrics

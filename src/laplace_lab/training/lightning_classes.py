@@ -32,3 +32,16 @@ class OnlineMarglik(OnlineMarglikCore, pl.Callback):
 
 class EpochETACallback(EpochETA, pl.Callback):
     """``EpochETA`` (remaining training time after every epoch) as a Lightning callback."""
+
+
+TWINS = {MAPCore: MAPModule, OnlineMarglikCore: OnlineMarglik, EpochETA: EpochETACallback}
+
+
+def lightning_twin(cls: type) -> type:
+    """The Lightning class of a core class (``MAPCore`` -> ``MAPModule``); a Lightning class itself."""
+    if issubclass(cls, (pl.LightningModule, pl.Callback)):
+        return cls
+    if cls not in TWINS:
+        raise ValueError(f"{cls.__module__}.{cls.__qualname__} has no Lightning class for trainer.loop=lightning; "
+                         f"allowed: {[f'{c.__module__}.{c.__qualname__}' for c in TWINS]} or a Lightning class")
+    return TWINS[cls]

@@ -6,7 +6,7 @@
 - ``auto`` (default): ``plain`` when the run qualifies and trains on the CPU, else ``lightning``;
   the choice and its reasons are logged.
 
-A run qualifies when ``lightning_needs(cfg)`` is empty: in-memory tensor data (UCI, sinusoid,
+A run qualifies when ``lightning_needs(run)`` is empty: in-memory tensor data (UCI, sinusoid,
 toy2d) read in the main process; one CPU or CUDA device; the trainer options at values the plain
 loop runs as Lightning does (``PLAIN_TRAINER``: no gradient clipping, all batches, validation
 at epoch ends, no model summary, ...); no wandb logger, no checkpoints (saving or resuming), no
@@ -19,12 +19,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from omegaconf import DictConfig
-
+from laplace_lab.config.schema import TRAINER_KEYS, RunConfig
 from laplace_lab.training.plain_loop import resolve_device
 
 log = logging.getLogger(__name__)
-LOOPS = ("auto", "lightning", "plain")
+LOOPS = ("auto", "lightning", "plain")  # the choices of trainer.loop (config.schema.TrainerConfig)
 IN_MEMORY_DATA = ("UCIDataModule", "SinusoidDataModule", "Toy2DDataModule")  # laplace_lab.data classes
 
 
@@ -51,39 +50,35 @@ PLAIN_TRAINER: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def validate_loop(cfg: DictConfig) -> str:
-    """``trainer.loop`` (``auto`` when absent), checked against ``LOOPS``."""
-    loop = cfg.trainer.get("loop", "auto")
-    if loop not in LOOPS:
-        raise ValueError(f"trainer.loop={loop!r} is not supported; allowed: {list(LOOPS)}")
-    return loop
+def trainer_options(run: RunConfig) -> dict[str, Any]:
+    """Every ``trainer.*`` option of the run: ours and the further Lightning arguments."""
+    return {**{k: getattr(run.trainer, k) for k in TRAINER_KEYS}, **run.trainer.extra}
 
 
-def lightning_needs(cfg: DictConfig) -> list[str]:
+def lightning_needs(run: RunConfig) -> list[str]:
     """Why this run needs Lightning's Trainer (empty: the plain loop runs it the same way)."""
     needs = []
-    for key, value in cfg.trainer.items():
+    for key, value in trainer_options(run).items():
         check = PLAIN_TRAINER.get(str(key))
         if check is None:
             needs.append(f"trainer.{key} (an option the plain loop does not implement)")
         elif not check[0](value):
             needs.append(f"trainer.{key}={value!r} (plain loop: {check[1]})")
-    accelerator = str(cfg.trainer.get("accelerator", "auto")).lower()
+    accelerator = str(run.trainer.accelerator).lower()
     if accelerator in ("auto", "gpu") and _mps_only():
         needs.append(f"trainer.accelerator={accelerator!r} on Apple MPS (plain loop: CPU or CUDA)")
-    target = str(cfg.data.get("_target_", ""))
+    target = str(run.data.get("_target_", ""))
     if target.rpartition(".")[2] not in IN_MEMORY_DATA or not target.startswith("laplace_lab.data."):
         needs.append(f"data._target_={target!r} (plain loop: in-memory data, laplace_lab.data.{{{', '.join(IN_MEMORY_DATA)}}})")
-    if cfg.data.get("num_workers", 0):
-        needs.append(f"data.num_workers={cfg.data.num_workers} (plain loop: 0)")
-    if cfg.logger.get("wandb", {}).get("enabled", False):
+    if run.data.get("num_workers", 0):
+        needs.append(f"data.num_workers={run.data['num_workers']} (plain loop: 0)")
+    if run.logger.wandb.enabled:
         needs.append("logger.wandb.enabled=true (a Lightning logger)")
-    if cfg.checkpoint.get("enabled") or cfg.checkpoint.get("resume_from"):
+    if run.checkpoint.enabled or run.checkpoint.resume_from:
         needs.append("checkpoint.enabled / checkpoint.resume_from (Lightning checkpoints)")
-    aug = cfg.get("augmentation")
-    if aug is not None and (aug.get("mode", "none") != "none" or aug.get("report")):
+    if run.augmentation.wraps_model or run.augmentation.report:
         needs.append("augmentation (its callback runs under Lightning)")
-    if cfg.marglik.get("mode") == "online" and cfg.marglik.get("fused", False):
+    if run.marglik.online and run.marglik.fused:
         needs.append("marglik.fused=true (plain loop: fused=false)")
     return needs
 
@@ -94,12 +89,12 @@ def _mps_only() -> bool:
     return not torch.cuda.is_available() and torch.backends.mps.is_available()
 
 
-def choose_loop(cfg: DictConfig) -> str:
+def choose_loop(run: RunConfig) -> str:
     """``plain`` or ``lightning`` for this run (``trainer.loop``); logs the choice. ``plain`` asked
     for on a run that needs Lightning raises a ``ValueError`` naming what needs it."""
-    loop = validate_loop(cfg)
-    needs = [] if loop == "lightning" else lightning_needs(cfg)
-    if loop == "auto" and not needs and resolve_device(cfg.trainer.get("accelerator", "auto")).type != "cpu":
+    loop = run.trainer.loop
+    needs = [] if loop == "lightning" else lightning_needs(run)
+    if loop == "auto" and not needs and resolve_device(run.trainer.accelerator).type != "cpu":
         needs.append("a CUDA device (auto picks the plain loop on the CPU only: its CUDA path has not been "
                      "compared with Lightning on a GPU yet; trainer.loop=plain runs it there)")
     if loop == "plain" and needs:
@@ -113,6 +108,6 @@ def choose_loop(cfg: DictConfig) -> str:
     return chosen
 
 
-def trainer_kwargs(cfg: DictConfig) -> dict[str, Any]:
-    """``cfg.trainer`` without ``loop`` (our option): the keyword arguments of Lightning's Trainer."""
-    return {k: v for k, v in cfg.trainer.items() if k != "loop"}
+def trainer_kwargs(run: RunConfig) -> dict[str, Any]:
+    """``trainer.*`` without ``loop`` (our option): the keyword arguments of Lightning's Trainer."""
+    return {k: v for k, v in trainer_options(run).items() if k != "loop"}

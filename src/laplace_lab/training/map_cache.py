@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
+from laplace_lab.config.schema import RunConfig
 from laplace_lab.io.atomic import atomic_path, write_text_atomic
 from laplace_lab.sweeps.run_only import RUN_ONLY_KEYS, RUN_ONLY_SUBKEYS, strip_run_only
 from laplace_lab.training.module import MAPCore
@@ -83,26 +83,25 @@ def data_fingerprint(datamodule: Any) -> list[list]:
     return out
 
 
-def key_contents(cfg: DictConfig, datamodule: Any = None) -> dict[str, Any]:
+def key_contents(run: RunConfig, datamodule: Any = None) -> dict[str, Any]:
     """What the cache key hashes (also written beside the cached network as ``<key>.json``)."""
-    config = OmegaConf.to_container(cfg, resolve=True)
-    config.pop("hydra", None)
-    config = strip_run_only(config, DENY_KEYS, DENY_SUBKEYS)
+    config = strip_run_only(run.raw, DENY_KEYS, DENY_SUBKEYS)
     return {"config": config, "data_files": data_fingerprint(datamodule) if datamodule is not None else [],
             "code": code_fingerprint()}
 
 
-def cache_key(cfg: DictConfig, datamodule: Any = None) -> str:
+def cache_key(run: RunConfig, datamodule: Any = None) -> str:
     """Stable hash of ``key_contents``."""
-    contents = json.dumps(key_contents(cfg, datamodule), sort_keys=True, default=str)
+    contents = json.dumps(key_contents(run, datamodule), sort_keys=True, default=str)
     return hashlib.sha256(contents.encode()).hexdigest()[:16]
 
 
-def cache_path(cfg: DictConfig, datamodule: Any = None) -> Path | None:
-    """Where this config's MAP network is cached, or ``None`` if caching does not apply."""
-    if not cfg.map_cache.enabled or cfg.marglik.mode == "online":
+def cache_path(run: RunConfig, datamodule: Any = None) -> Path | None:
+    """Where this config's MAP network is cached, or ``None`` if caching does not apply (online marglik
+    changes training)."""
+    if not run.map_cache.enabled or run.marglik.online:
         return None
-    return Path(cfg.map_cache.dir) / f"{cache_key(cfg, datamodule)}.pt"
+    return Path(run.map_cache.dir) / f"{cache_key(run, datamodule)}.pt"
 
 
 def load(module: MAPCore, path: Path | None) -> bool:

@@ -35,8 +35,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from laplace_lab import lazy_attributes
+from laplace_lab.config.validation import check_loss_scale
 from laplace_lab.laplace.priors import Prior
-from laplace_lab.lazy import lazy_attributes
 from laplace_lab.training.nll import LIKELIHOODS, natural_to_mean_var, summed_nll
 from laplace_lab.training.schedules import scheduler_interval
 
@@ -46,19 +47,6 @@ RUN_IDENTITY_KEY = "laplace_lab_run_identity"
 FIT_SECONDS_KEY = "laplace_lab_fit_seconds"
 # the config and code hashes of the run that wrote a checkpoint (what resume_from=last must match)
 RUN_FINGERPRINT_KEY = "laplace_lab_run_fingerprint"
-LOSS_SCALES = ("nll", "mse")
-
-
-def check_loss_scale(loss_scale: str, likelihood: str) -> None:
-    """``ValueError`` naming ``map_loss_scale`` and its allowed values: one of ``LOSS_SCALES``, and
-    ``mse`` only for regression (``likelihood`` ``regression``, or a config's ``auto``)."""
-    if loss_scale not in LOSS_SCALES:
-        raise ValueError(f"map_loss_scale={loss_scale!r} is not supported; allowed: {list(LOSS_SCALES)}")
-    if loss_scale == "mse" and likelihood not in ("auto", "regression"):
-        raise ValueError(f"map_loss_scale='mse' needs likelihood 'regression' (got {likelihood!r}); "
-                         "allowed for this likelihood: map_loss_scale in ['nll']")
-
-
 class MAPCore(nn.Module):
     """MAP training of ``model`` under ``likelihood`` with a per-tensor Gaussian prior.
 

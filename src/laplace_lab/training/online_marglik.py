@@ -45,9 +45,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from laplace_lab import lazy_attributes
+from laplace_lab.config.schema import MarglikConfig as M  # the options' defaults, declared once
 from laplace_lab.laplace import Laplace
 from laplace_lab.laplace.hyper import MarglikOptimizer
-from laplace_lab.lazy import lazy_attributes
 from laplace_lab.training.hyperparameters import (
     PRIOR_STRUCTURES,
     example_input,
@@ -116,10 +117,11 @@ class OnlineMarglikCore:
         fused: accumulate the curvature during the training steps (no extra data pass).
     """
 
-    def __init__(self, laplace_kwargs: dict, prior_structure: str = "layerwise", frequency: int = 1,
-                 n_steps: int = 100, burnin: int = 0, lr_hyp: float = 0.1, lr_hyp_min: float | None = None,
-                 optimize_sigma: bool = True, early_stopping: bool = True, log_min: float = -12.0,
-                 log_max: float = 12.0, fit_batch_size: int | None = None, fused: bool = False):
+    def __init__(self, laplace_kwargs: dict, prior_structure: str = "layerwise", frequency: int = M.frequency,
+                 n_steps: int = M.n_steps, burnin: int = M.burnin, lr_hyp: float = M.lr_hyp,
+                 lr_hyp_min: float | None = M.lr_hyp_min, optimize_sigma: bool = M.optimize_sigma,
+                 early_stopping: bool = M.early_stopping, log_min: float = M.log_min, log_max: float = M.log_max,
+                 fit_batch_size: int | None = None, fused: bool = M.fused):
         super().__init__()
         if prior_structure not in PRIOR_STRUCTURES:
             raise ValueError(f"prior.structure={prior_structure!r}; allowed: {list(PRIOR_STRUCTURES)}")
@@ -316,6 +318,10 @@ class OnlineMarglikCore:
             module.log_sigma_noise = self.best_state["log_sigma_noise"].clone()
 
     # --- checkpointing ----------------------------------------------------------------------------
+    def final_metrics(self) -> dict[str, float]:
+        """For metrics.json: the hyper steps rejected (non-finite) and accepted over the run."""
+        return {"marglik/rejected_steps": float(self.n_rejected), "marglik/accepted_steps": float(self.hyper_steps_done)}
+
     def state_dict(self) -> dict:
         return {
             "log_prior": None if self.log_prior is None else self.log_prior.detach().clone(),

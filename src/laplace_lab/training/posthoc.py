@@ -13,71 +13,43 @@ around ``theta*``; the ``map`` predictor stays the network at its weights.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
+from laplace_lab.config.schema import RunConfig
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.laplace import Laplace
 from laplace_lab.laplace.linear_mode import fit_linear_mode
-from laplace_lab.laplace.spec import structure_class
 from laplace_lab.training.hyperparameters import example_input, initial_log_prior
 from laplace_lab.training.module import MAPCore
 
 log = logging.getLogger(__name__)
-LINEAR_MODE_KEYS = ("n_outer", "tol", "prior_max_iter", "round_newton", "max_newton", "newton_tol", "cg_tol",
-                    "cg_max_iter", "chunk_size", "vec_chunk", "solve_subset")
 
 
-def laplace_kwargs(curvature_cfg: DictConfig) -> dict:
-    """Engine arguments of a ``curvature/`` config; the structure's own options (its declared
-    ``options``, e.g. lowrank's ``n_eigs``) go as ``structure_options`` when the config sets them."""
-    kwargs = {
-        "subset_of_weights": curvature_cfg.subset_of_weights,
-        "hessian_structure": curvature_cfg.hessian_structure,
-        "curvature": curvature_cfg.type,
-        "n_mc_samples": int(curvature_cfg.n_mc_samples),
-    }
-    options = {k: curvature_cfg[k] for k in structure_class(curvature_cfg.hessian_structure).options
-               if curvature_cfg.get(k) is not None}
-    if options:
-        kwargs["structure_options"] = options
-    return kwargs
-
-
-def needs_posthoc_laplace(cfg: DictConfig) -> bool:
-    return cfg.predictive.pred_type != "map" or cfg.marglik.mode == "posthoc"
-
-
-def linear_mode_kwargs(marglik_cfg: DictConfig) -> dict:
-    """``fit_linear_mode`` arguments from ``marglik.linear_mode`` (missing keys: its defaults)."""
-    given = OmegaConf.to_container(marglik_cfg.get("linear_mode") or {}, resolve=True)
-    return {k: v for k, v in given.items() if k in LINEAR_MODE_KEYS and v is not None}
-
-
-def fit_posthoc_laplace(cfg: DictConfig, module: MAPCore, datamodule: LabDataModule) -> tuple[Laplace, dict]:
+def fit_posthoc_laplace(run: RunConfig, module: MAPCore, datamodule: LabDataModule) -> tuple[Laplace, dict]:
     """Fit the configured Laplace at the module's weights; returns it and its summary metrics."""
     start = time.perf_counter()
     sigma = float(module.sigma_noise) if module.likelihood == "regression" else 1.0
-    structure = cfg.prior.structure
+    structure, c, marglik = run.prior.structure, run.curvature, run.marglik
     la = Laplace(module.model, module.likelihood, prior_precision=1.0, prior_structure=structure,
-                 sigma_noise=sigma, temperature=module.temperature, seed=cfg.seed,
-                 example_input=example_input(datamodule.input_shape, module.model), **laplace_kwargs(cfg.curvature))
+                 sigma_noise=sigma, temperature=module.temperature, seed=run.seed,
+                 example_input=example_input(datamodule.input_shape, module.model), **c.laplace_kwargs())
     la.prior_precision = initial_log_prior(module.prior_precision, module.model, la.params, structure,
                                            groups=la.prior_groups).exp()
-    loader = datamodule.train_eval_dataloader(batch_size=cfg.curvature.get("fit_batch_size"))
+    loader = datamodule.train_eval_dataloader(batch_size=c.fit_batch_size)
     la.fit(loader)
-    log.info("Laplace fit: %s %s %s, %d batches, %.1f s", cfg.curvature.subset_of_weights,
-             cfg.curvature.hessian_structure, cfg.curvature.type, len(loader), time.perf_counter() - start)
-    tuning = cfg.marglik.get("posthoc_prior", "none")
+    log.info("Laplace fit: %s %s %s, %d batches, %.1f s", c.subset_of_weights, c.hessian_structure, c.type,
+             len(loader), time.perf_counter() - start)
+    tuning = marglik.posthoc_prior
     metrics = {}
-    if cfg.marglik.get("evidence_point", "weights") == "linear_mode":
+    if marglik.evidence_point == "linear_mode":
         data = list(loader)  # held in memory: the solver passes over the training set many times
-        res = fit_linear_mode(la, data, optimize_prior=tuning == "marglik", seed=cfg.seed,
+        res = fit_linear_mode(la, data, optimize_prior=tuning == "marglik", seed=run.seed,
                               tune_sigma_noise=tuning == "marglik" and module.likelihood == "regression",
-                              **linear_mode_kwargs(cfg.marglik))
+                              **{k: v for k, v in dataclasses.asdict(marglik.linear_mode).items() if v is not None})
         metrics |= {"laplace/linear_mode_rounds": float(res.n_outer), "laplace/linear_mode_converged": float(res.converged),
                     # the final solve: ||grad L(theta*)|| / ||grad L(theta_hat)|| and whether Newton stopped on its test
                     "laplace/linear_mode_grad_residual": res.grad_residual,
@@ -85,12 +57,11 @@ def fit_posthoc_laplace(cfg: DictConfig, module: MAPCore, datamodule: LabDataMod
                     "laplace/linear_mode_shift":  # ||theta* - theta_hat|| / ||theta_hat||
                         float(la.linear_offset.norm() / (la.mean - la.linear_offset).norm().clamp_min(1e-12))}
     elif tuning == "marglik":
-        la.optimize_prior_precision(method="marglik", n_steps=int(cfg.marglik.get("n_steps", 100)),
-                                    lr=float(cfg.marglik.get("lr_hyp", 0.1)),
+        la.optimize_prior_precision(method="marglik", n_steps=int(marglik.n_steps), lr=float(marglik.lr_hyp),
                                     tune_sigma_noise=module.likelihood == "regression")
     elif tuning == "gridsearch":
         la.optimize_prior_precision(method="gridsearch", val_loader=datamodule.val_dataloader(), grid_size=21,
-                                    pred_type=cfg.predictive.pred_type, n_samples=int(cfg.predictive.n_samples))
+                                    pred_type=run.predictive.pred_type, n_samples=int(run.predictive.n_samples))
     with torch.no_grad():  # one log det for the evidence and its terms (full: one Cholesky)
         terms = la.log_marginal_likelihood_terms()
         log_marglik = la.log_marginal_likelihood_from_terms(terms)
@@ -102,7 +73,7 @@ def fit_posthoc_laplace(cfg: DictConfig, module: MAPCore, datamodule: LabDataMod
         "laplace/fit_time_s": time.perf_counter() - start,
     }
     log.info("Laplace prior tuning (%s, evidence at %s): log marglik %.4g, prior precision mean %.4g, %.1f s in all",
-             tuning, cfg.marglik.get("evidence_point", "weights"), metrics["laplace/log_marglik"],
+             tuning, marglik.evidence_point, metrics["laplace/log_marglik"],
              metrics["laplace/prior_precision_mean"], metrics["laplace/fit_time_s"])
     if structure == "normgroups":
         metrics |= {f"laplace/prior_precision/group{g}": float(v) for g, v in enumerate(la.prior_precision)}

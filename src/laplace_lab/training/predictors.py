@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from omegaconf import DictConfig
 
+from laplace_lab.config.schema import PredictiveConfig
 from laplace_lab.training.module import MAPCore
 from laplace_lab.training.nll import natural_to_mean_var
 
@@ -26,7 +26,7 @@ def map_predictor(module: MAPCore) -> Callable:
     return predict
 
 
-def predictive_link(likelihood: str, predictive: DictConfig) -> str | None:
+def predictive_link(likelihood: str, predictive: PredictiveConfig) -> str | None:
     """``predictive.link_approx`` for classification; for Gaussian regression the glm predictive is
     Gaussian, so it is its closed form whatever the link (``None``), as laplace-torch's ``la(x)``
     (``predictive/`` documents the link as a classification option). ``pred_type=nn`` and
@@ -36,14 +36,14 @@ def predictive_link(likelihood: str, predictive: DictConfig) -> str | None:
     return predictive.link_approx
 
 
-def laplace_predictor(la, predictive: DictConfig, het_approx: str | None = None) -> Callable:
+def laplace_predictor(la, predictive: PredictiveConfig, het_approx: str | None = None) -> Callable:
     """The Laplace predictive ``la(x, pred_type, link_approx, n_samples)`` of ``predictive/``
     (link: ``predictive_link``; heteroscedastic: with ``predictive.het_approx``, or ``het_approx``
     where given)."""
     link = predictive_link(la.likelihood, predictive)
     kwargs = {}
     if la.likelihood == "heteroscedastic_regression":
-        kwargs["het_approx"] = het_approx or predictive.get("het_approx", "mean")
+        kwargs["het_approx"] = het_approx or predictive.het_approx
 
     def predict(x: torch.Tensor):
         out = la(x, pred_type=predictive.pred_type, link_approx=link,
@@ -57,7 +57,7 @@ def laplace_predictor(la, predictive: DictConfig, het_approx: str | None = None)
     return predict
 
 
-def het_approx_alternatives(la, predictive: DictConfig) -> dict[str, Callable]:
+def het_approx_alternatives(la, predictive: PredictiveConfig) -> dict[str, Callable]:
     """For a heteroscedastic glm closed-form predictive, the other closed form(s) as extra
     predictors ``la_het_<approx>`` (the table judges ``la``; these stay as extra columns)."""
     if la is None or la.likelihood != "heteroscedastic_regression" or predictive.pred_type != "glm" \
@@ -65,7 +65,7 @@ def het_approx_alternatives(la, predictive: DictConfig) -> dict[str, Callable]:
         return {}
     from laplace_lab.laplace.predictive import HET_APPROXES
 
-    chosen = predictive.get("het_approx", "mean")
+    chosen = predictive.het_approx
     return {f"la_het_{a}": laplace_predictor(la, predictive, het_approx=a) for a in HET_APPROXES if a != chosen}
 
 

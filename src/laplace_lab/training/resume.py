@@ -12,7 +12,7 @@ continues the same run: the checkpoint must also carry this run's config hash (l
 keys) and code hash (``run_fingerprint``), so a resumed run is one config on one version of the
 code, and the commit its job records describes all of its training.
 
-``run_identity(cfg)`` is what a resumed run must share with the checkpoint's run: the seed, the
+``run_identity(run)`` is what a resumed run must share with the checkpoint's run: the seed, the
 data config (name, split, sizes, ...; not where the files live) and the model config. train.py
 stores it in every checkpoint (``MAPModule.on_save_checkpoint``) and ``check_resume`` compares
 it before training, so resuming under another seed or data split (which could leak test data
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
+from laplace_lab.config.schema import RunConfig
 from laplace_lab.sweeps.run_only import RUN_ONLY_SUBKEYS
 from laplace_lab.sweeps.status import config_fingerprint
 from laplace_lab.training.map_cache import code_fingerprint
@@ -38,36 +38,19 @@ log = logging.getLogger(__name__)
 LAST = "last"  # checkpoint.resume_from=last: the run's own last.ckpt, if any
 
 
-def checkpoint_dir(cfg: DictConfig, output_dir: Path) -> Path:
+def checkpoint_dir(run: RunConfig, output_dir: Path) -> Path:
     """Where the run at ``output_dir`` writes its checkpoints."""
-    return Path(cfg.checkpoint.dirpath) if cfg.checkpoint.get("dirpath") else Path(output_dir) / "checkpoints"
+    return Path(run.checkpoint.dirpath) if run.checkpoint.dirpath else Path(output_dir) / "checkpoints"
 
 
-def validate_checkpoint_config(cfg: DictConfig) -> None:
-    """``resume_from=last`` needs ``checkpoint.enabled=true`` (nothing would write the file it
-    resumes); a path must name an existing file; a ``map_grid`` run trains one network per grid point, so one checkpoint path
-    cannot resume it (``last`` resumes each grid point from its own)."""
-    resume = cfg.checkpoint.get("resume_from")
-    if resume == LAST and not cfg.checkpoint.get("enabled"):
-        raise ValueError("checkpoint.resume_from=last resumes the run's own last.ckpt, which only "
-                         "checkpoint.enabled=true writes; set checkpoint.enabled=true, or resume_from to null or a .ckpt path")
-    if resume and resume != LAST and cfg.get("map_grid"):
-        raise ValueError(f"checkpoint.resume_from={str(resume)!r} with map_grid: each grid point trains its own "
-                         "network, so one checkpoint cannot resume them; allowed: checkpoint.resume_from=last "
-                         "(each grid point from its own last.ckpt) or null")
-    if resume and resume != LAST and not Path(str(resume)).is_file():
-        raise ValueError(f"checkpoint.resume_from={str(resume)!r} does not exist (or is not a file); allowed: the "
-                         "path of a .ckpt file, last (the run's own last.ckpt, if any) or null")
-
-
-def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
+def resume_path(run: RunConfig, output_dir: Path) -> str | None:
     """The checkpoint the run at ``output_dir`` resumes (None: it starts afresh); see the module doc."""
-    resume = cfg.checkpoint.get("resume_from")
+    resume = run.checkpoint.resume_from
     if not resume:
         return None
     if resume != LAST:
         return str(resume)
-    path = checkpoint_dir(cfg, output_dir) / "last.ckpt"
+    path = checkpoint_dir(run, output_dir) / "last.ckpt"
     if not path.exists():
         log.info("checkpoint.resume_from=last: no %s yet, training from the start", path)
         return None
@@ -75,18 +58,16 @@ def resume_path(cfg: DictConfig, output_dir: Path) -> str | None:
     return str(path)
 
 
-def run_identity(cfg: DictConfig) -> dict[str, Any]:
+def run_identity(run: RunConfig) -> dict[str, Any]:
     """``{"seed", "data", "model"}`` of the resolved config (``data`` less its run-only keys)."""
-    data = OmegaConf.to_container(cfg.data, resolve=True)
-    data = {k: v for k, v in data.items() if k not in RUN_ONLY_SUBKEYS.get("data", ())}
-    return json.loads(json.dumps({"seed": cfg.seed, "data": data,
-                                  "model": OmegaConf.to_container(cfg.model, resolve=True)}, default=str))
+    data = {k: v for k, v in run.data.items() if k not in RUN_ONLY_SUBKEYS.get("data", ())}
+    return json.loads(json.dumps({"seed": run.seed, "data": data, "model": run.model}, default=str))
 
 
-def run_fingerprint(cfg: DictConfig) -> dict[str, Any]:
+def run_fingerprint(run: RunConfig) -> dict[str, Any]:
     """``{"config", "code"}``: the config hash less run-only keys and the package's code hash."""
     code = {k: str(v) for k, v in code_fingerprint().items()}  # plain str: torch.__version__ is a str subclass
-    return {"config": config_fingerprint(cfg), "code": code}
+    return {"config": config_fingerprint(run.raw), "code": code}
 
 
 def _differences(saved: Any, current: Any, prefix: str) -> list[str]:
@@ -98,7 +79,7 @@ def _differences(saved: Any, current: Any, prefix: str) -> list[str]:
     return [] if saved == current else [f"{prefix}: checkpoint {saved!r}, this run {current!r}"]
 
 
-def check_resume(cfg: DictConfig, path: str | Path) -> None:
+def check_resume(run: RunConfig, path: str | Path) -> None:
     """Raise ``ValueError`` if the checkpoint at ``path`` was written by a run with another seed,
     data config or model config (or carries no identity to compare); with
     ``checkpoint.resume_from=last`` also if it was written by another config or code."""
@@ -107,8 +88,8 @@ def check_resume(cfg: DictConfig, path: str | Path) -> None:
     except Exception as err:  # noqa: BLE001 - e.g. a file cut off by a killed process
         raise ValueError(f"checkpoint {str(path)!r} cannot be read ({type(err).__name__}: {err}); delete it to "
                          "start the run afresh") from err
-    if cfg.checkpoint.get("resume_from") == LAST:
-        saved, current = checkpoint.get(RUN_FINGERPRINT_KEY), run_fingerprint(cfg)
+    if run.checkpoint.resume_from == LAST:
+        saved, current = checkpoint.get(RUN_FINGERPRINT_KEY), run_fingerprint(run)
         if saved != current:
             raise ValueError(
                 f"checkpoint.resume_from=last: {str(path)!r} was written by {'another config or code' if saved else 'a run that recorded no config and code hashes'} "
@@ -120,7 +101,7 @@ def check_resume(cfg: DictConfig, path: str | Path) -> None:
         raise ValueError(f"checkpoint.resume_from={str(path)!r} carries no run identity (seed, data, model): it "
                          "was not written by laplace_lab.train of this version, so it cannot be checked; start "
                          "the run afresh (checkpoint.resume_from=null)")
-    diffs = _differences(saved, run_identity(cfg), "")
+    diffs = _differences(saved, run_identity(run), "")
     if diffs:
         raise ValueError(f"checkpoint.resume_from={str(path)!r} was written by a different run; resuming it would "
                          f"mix runs (test data could leak into training). Differences: {'; '.join(diffs)}. "

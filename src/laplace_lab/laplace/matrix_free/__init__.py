@@ -1,4 +1,4 @@
-"""Matrix-free Laplace (issue 10): GGN-vector products, Lanczos, CG, low-rank and sample-based
+"""Matrix-free Laplace: GGN-vector products, Lanczos, CG, low-rank and sample-based
 linearised posteriors. Everything is chunked over the data and runs on the parameters' device.
 
 - ``GGNOperator``: ``V -> sum_n J_n^T M_n J_n V`` by torch.func jvp/vjp.

@@ -1,0 +1,277 @@
+"""Value checks of the whole job config and of the groups typed by a constructor, run before any
+data is loaded (``check_values``; ``config.load`` calls it before it builds the typed schema).
+
+- every number is finite (``nan`` / ``inf`` rejected anywhere);
+- every ``_target_`` is one of ``config.targets.ALLOWED_TARGETS`` (a config is code: a command-line
+  ``_target_`` override could import and run anything);
+- the ``_target_`` groups (``data``, ``model``, ``optimizer``, ``lr_scheduler``) and the Lightning
+  arguments of ``trainer``: their schema is the constructor's signature. No unknown keys, also when
+  added with ``+`` (``+optimizer.lrr=0.1``); an option's type matches its defaults in
+  ``conf/<group>/*.yaml`` or the signature (``model.widths='50'`` is an error, not ``[5, 0]``); the
+  options of ``RANGES`` lie in their range, list entries too (``model.widths[*]``: ``[0]`` or
+  ``[-5]`` fail). The root keys and the other groups: ``config.schema``.
+
+Each check raises ``ValueError`` naming the option and the allowed values.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from laplace_lab.config import CONF_DIR
+from laplace_lab.config.targets import ALLOWED_TARGETS, check_targets
+
+# Groups typed by a constructor (the other groups: config.schema); trainer: Lightning's Trainer.
+CHECKED_GROUPS = ("data", "model", "optimizer", "lr_scheduler", "trainer")
+INF = math.inf
+# Keys of ours inside a group whose other keys are a constructor's arguments (trainer: Lightning's Trainer).
+OWN_KEYS = {"trainer": ("loop",)}
+
+# Options of the constructor-typed groups: (kind, low, high, low inclusive, null allowed); kind "int" or
+# "float" (ints accepted). The options of the other groups declare their range in config.schema.
+RANGES: dict[str, tuple[str, float, float, bool, bool]] = {
+    "optimizer.lr": ("float", 0, INF, False, False),
+    "optimizer.momentum": ("float", 0, 1, True, False),
+    "optimizer.eps": ("float", 0, INF, False, False),
+    "lr_scheduler.T_max": ("int", 1, INF, True, False),
+    "lr_scheduler.eta_min": ("float", 0, INF, True, False),
+    "data.batch_size": ("int", 1, INF, True, False),
+    "data.eval_batch_size": ("int", 1, INF, True, False),
+    "data.split": ("int", 0, INF, True, False),
+    "data.val_fraction": ("float", 0, 1, True, False),
+    "data.n_val": ("int", 0, INF, True, False),
+    "data.test_holdout": ("int", 0, INF, True, False),
+    "data.n_train": ("int", 1, INF, True, False),
+    "data.n_test": ("int", 1, INF, True, False),
+    "data.n_train_subset": ("int", 1, INF, True, True),
+    "data.noise": ("float", 0, INF, True, False),
+    "data.noise_std": ("float", 0, INF, True, False),
+    "data.fake_size": ("int", 1, INF, True, False),
+    "model.widths[*]": ("int", 1, INF, True, False),
+    "model.width": ("int", 1, INF, True, False),
+    "model.depth": ("int", 10, INF, True, False),
+    "model.widen_factor": ("int", 1, INF, True, False),
+    "trainer.check_val_every_n_epoch": ("int", 1, INF, True, True),  # a Trainer argument outside TrainerConfig
+}
+# Shown beside the option's name where the name alone is terse.
+DESCRIPTIONS = {"optimizer.lr": " (the learning rate)"}
+
+
+def _fail(message: str) -> None:
+    raise ValueError(message)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _leaves(node: Any, prefix: str = ""):
+    """``(dotted key, value)`` of every leaf of a container (lists give ``key[i]``)."""
+    if isinstance(node, Mapping):
+        for k, v in node.items():
+            yield from _leaves(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(node, (list, tuple)):
+        for i, v in enumerate(node):
+            yield from _leaves(v, f"{prefix}[{i}]")
+    else:
+        yield prefix, node
+
+
+def check_finite(data: Mapping) -> None:
+    """No ``nan`` / ``inf`` anywhere in the job config."""
+    for key, value in _leaves(data):
+        if isinstance(value, float) and not math.isfinite(value):
+            _fail(f"{key}={value} is not a finite number; allowed: finite values only (nan and inf are rejected)")
+
+
+def _ranged_values(data: Mapping, key: str):
+    """``(name, value)`` of option ``key``: one pair, or each entry of a list option (``key[*]``)."""
+    if not key.endswith("[*]"):
+        value, found = _select(data, key)
+        return [(key, value)] if found else []
+    value, found = _select(data, key[:-3])
+    if not found or not isinstance(value, (list, tuple)):
+        return []  # (a list option that is not a list: check_group_keys names its type)
+    return [(f"{key[:-3]}[{i}]", v) for i, v in enumerate(value)]
+
+
+def check_ranges(data: Mapping) -> None:
+    """The options of ``RANGES``: numbers (ints where ``int``) in their range (``key[*]``: each entry)."""
+    for pattern, (kind, lo, hi, lo_incl, nullable) in RANGES.items():
+        for key, value in _ranged_values(data, pattern):
+            _check_range(key, value, kind, lo, hi, lo_incl, nullable)
+
+
+def _check_range(key: str, value: Any, kind: str, lo: float, hi: float, lo_incl: bool, nullable: bool) -> None:
+    if value is None and nullable:
+        return
+    ok_type = _is_number(value) and (kind == "float" or isinstance(value, int))
+    ok_range = ok_type and (value >= lo if lo_incl else value > lo) and value <= hi
+    if not ok_range:
+        bounds = (">= " if lo_incl else "> ") + f"{lo}" + ("" if hi == INF else f" and <= {hi}")
+        interval = ("[" if lo_incl else "(") + f"{lo}, " + ("inf)" if hi == INF else f"{hi}]")
+        what = "integers" if kind == "int" else "numbers"
+        _fail(f"{key}{DESCRIPTIONS.get(key, '')} must be {bounds}{' or null' if nullable else ''}; got {value!r} (allowed: {what} in {interval})")
+
+
+def _select(data: Mapping, key: str) -> tuple[Any, bool]:
+    node: Any = data
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None, False
+        node = node[part]
+    return node, True
+
+
+# --- known keys and their types --------------------------------------------------------------
+def _type_class(v: Any) -> str | None:
+    """``bool`` | ``number`` | ``str`` | ``list`` | ``dict``; None for null and interpolations."""
+    if v is None or (isinstance(v, str) and "${" in v):
+        return None
+    if isinstance(v, bool):
+        return "bool"
+    if _is_number(v):
+        return "number"
+    if isinstance(v, str):
+        return "str"
+    if isinstance(v, (list, tuple)):
+        return "list"
+    if isinstance(v, Mapping):
+        return "dict"
+    return None
+
+
+def _record(schema: dict[str, set], key: str, value: Any) -> None:
+    kinds = schema.setdefault(key, set())
+    kind = _type_class(value)
+    if kind == "list" and value and all(isinstance(e, int) and not isinstance(e, bool) for e in value):
+        kind = "list[int]"
+    if kind:
+        kinds.add(kind)
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _record(schema, f"{key}.{k}", v)
+
+
+@functools.cache
+def group_schema(group: str) -> dict[str, frozenset]:
+    """Known keys of ``group`` (dotted, relative to it) and the type classes of their defaults
+    in the group's option files (``conf/<group>/*.yaml``; trainer: ``config.schema.TrainerConfig``)."""
+    schema: dict[str, set] = {}
+    if group == "trainer":  # our own keys: config.schema
+        from laplace_lab.config.fields import defaults
+        from laplace_lab.config.schema import TrainerConfig
+
+        nodes = [defaults(TrainerConfig)]
+    else:
+        nodes = [OmegaConf.to_container(OmegaConf.load(p), resolve=False) for p in sorted((CONF_DIR / group).glob("*.yaml"))]
+    for node in nodes:
+        for key, value in (node or {}).items():
+            if key != "defaults":
+                _record(schema, key, value)
+    return {k: frozenset(v) for k, v in schema.items()}
+
+
+def _target_class(group: str, node: Mapping) -> Any:
+    if group == "trainer":
+        if set(node) <= set(group_schema("trainer")):  # our option files' keys: known without importing Lightning
+            return None
+        import pytorch_lightning as pl
+
+        return pl.Trainer
+    target = node.get("_target_")
+    if not isinstance(target, str):
+        return None
+    module, _, name = target.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        _fail(f"{group}._target_={target!r} cannot be imported; allowed: {sorted(ALLOWED_TARGETS)}")
+
+
+def _accepted_args(cls: Any) -> dict[str, inspect.Parameter] | None:
+    """Constructor parameters of ``cls`` following ``**kwargs`` up the MRO; None if it takes
+    ``**kwargs`` that end nowhere we can see (accept anything)."""
+    params: dict[str, inspect.Parameter] = {}
+    for klass in inspect.getmro(cls) if inspect.isclass(cls) else (cls,):
+        init = klass.__init__ if inspect.isclass(klass) else klass
+        if inspect.isclass(klass) and "__init__" not in vars(klass):
+            continue
+        try:
+            signature = inspect.signature(init)
+        except (TypeError, ValueError):
+            return None
+        has_var_kw = False
+        for name, p in signature.parameters.items():
+            if p.kind == p.VAR_KEYWORD:
+                has_var_kw = True
+            elif p.kind != p.VAR_POSITIONAL and name != "self":
+                params.setdefault(name, p)
+        if not has_var_kw:
+            return params
+        if not inspect.isclass(cls) or klass is object:
+            return None
+    return None
+
+
+def check_group_keys(data: Mapping) -> None:
+    """Unknown keys and mistyped values under the groups of ``CHECKED_GROUPS``. A group with a
+    ``_target_`` knows its target's constructor arguments; the others, the keys of their options."""
+    for group in CHECKED_GROUPS:
+        node = data.get(group)
+        if not isinstance(node, Mapping):
+            continue
+        schema = dict(group_schema(group))
+        cls = _target_class(group, node)
+        args = _accepted_args(cls) if cls is not None else None
+        for name, p in (args or {}).items():
+            if name not in schema and p.default is not inspect.Parameter.empty:
+                _record(schema, name, p.default)
+        known = set(args) | set(OWN_KEYS.get(group, ())) if args is not None else set(schema)
+        for key, value in _flat_keys(node):
+            top = key.split(".")[0]
+            if top.startswith("_") and top.endswith("_"):
+                continue
+            if (key if args is None else top) not in known and not (cls is not None and args is None):
+                allowed = sorted(k for k in known if k.count(".") == key.count("."))
+                _fail(f"{group}.{key} is not a known option of the {group} group; allowed: {allowed}")
+            _check_type(f"{group}.{key}", value, frozenset(schema.get(key, ())))
+
+
+def _flat_keys(node: Mapping, prefix: str = ""):
+    for k, v in node.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        yield key, v
+        if isinstance(v, Mapping) and not str(k).startswith("_"):
+            yield from _flat_keys(v, key)
+
+
+def _check_type(name: str, value: Any, kinds: frozenset) -> None:
+    kind = _type_class(value)
+    if kind is None or not kinds:
+        return
+    base = {k.split("[")[0] for k in kinds}
+    if kind not in base:
+        _fail(f"{name}={value!r} has the wrong type: got a {kind}; allowed: a {' or '.join(sorted(base))}"
+              + (" (write a list as [a, b], not as a string)" if "list" in base else ""))
+    if kind == "list" and "list[int]" in kinds and "list" not in kinds:
+        bad = [e for e in value if not (isinstance(e, int) and not isinstance(e, bool))]
+        if bad:
+            _fail(f"{name}={list(value)!r} must be a list of integers; got entries {bad}")
+
+
+
+
+def check_values(data: Mapping) -> None:
+    """All value checks above, on the resolved job config (a plain mapping, no ``hydra`` node)."""
+    check_targets(data)
+    check_finite(data)
+    check_group_keys(data)
+    check_ranges(data)

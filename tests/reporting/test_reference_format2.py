@@ -1,0 +1,207 @@
+"""laplace_lab.reporting.reference, format 2: paper values judged on the paper's error bars, peer rows judged
+paired against a CSV of the authors' code, quoted claims judged against the noise; malformed files
+and peer CSVs rejected naming the file, the entry and the field."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from laplace_lab.reporting import peer_pairs
+from laplace_lab.reporting import reference as ref
+
+GROUP_BY = ["method_name"]
+ROWS = [
+    {"method_name": "map", "test/ece": (0.010, 0.001, 5), "ood/conf": (0.80, 0.01, 5)},
+    {"method_name": "la", "test/ece": (0.020, 0.001, 5), "ood/conf": (0.70, 0.01, 5)},
+    {"method_name": "la_star", "test/ece": (0.0215, 0.001, 5), "ood/conf": (0.45, 0.01, 5)},
+    {"method_name": "one", "test/ece": (0.5, math.nan, 1)},
+]
+SOURCE = {"paper": "Paper 2021", "where": "Table 2", "row": "LA", "column": "MMC", "read_from": "arXiv v3, p. 7"}
+PEER_CSV = """# command: python peer.py --seeds 0-2
+side,seed,method,commit,command,test/la/ece,test/map/ece
+ours,0,la,abc123,python -m laplace_lab.train seed=0,0.50,0.1
+ours,1,la,abc123,python -m laplace_lab.train seed=1,0.52,0.1
+ours,2,la,abc123,python -m laplace_lab.train seed=2,0.54,0.1
+theirs,0,la,def456,python uq.py --seed 0,0.49,0.1
+theirs,1,la,def456,python uq.py --seed 1,0.515,0.1
+theirs,2,la,def456,python uq.py --seed 2,0.525,0.1
+ours,0,la_star,abc123,python -m laplace_lab.train seed=0,0.3,
+theirs,1,la_star,def456,python uq.py --seed 1,0.3,
+"""
+
+
+def paper(id_, method, metric, printed, **extra):
+    return {"id": id_, "kind": "paper", "row": {"method_name": method}, "metric": metric, "printed": printed,
+            "source": dict(SOURCE), **extra}
+
+
+def claim(id_, lhs, op, rhs, metric="test/ece", **extra):
+    return {"id": id_, "kind": "claim", "claim": f"{lhs} {op} {rhs}", "quote": "LA is better than MAP.",
+            "op": op, "source": {"paper": "Paper 2021", "where": "Sec. 4", "read_from": "arXiv v3, p. 6"},
+            "lhs": {"row": {"method_name": lhs}, "metric": metric},
+            "rhs": {"row": {"method_name": rhs}, "metric": metric}, **extra}
+
+
+def peer(id_, method, metric, **extra):
+    return {"id": id_, "kind": "peer", "csv": "peer/authors.csv", "row": {"method": method}, "metric": metric,
+            "source": "authors' uq.py run here", **extra}
+
+
+def write(tmp_path: Path, refs: list, csv_text: str = PEER_CSV, **top) -> Path:
+    folder = tmp_path / "paper"
+    (folder / "peer").mkdir(parents=True, exist_ok=True)
+    (folder / "peer" / "authors.csv").write_text(csv_text)
+    path = folder / "reference.yaml"
+    path.write_text(yaml.safe_dump({"format": 2, "preset": "toy", "paper": "Paper 2021 (Venue)", **top,
+                                    "references": refs}, sort_keys=False))
+    return path
+
+
+def judged(tmp_path, refs, rows=ROWS, **top):
+    loaded = ref.load_reference(write(tmp_path, refs, **top))
+    return {v.id: v for v in ref.verdicts(loaded["references"], rows, GROUP_BY)}
+
+
+def test_paper_values_judged_on_the_papers_error_bar(tmp_path):
+    # ours 0.70 +- 0.01 (n=5); paper std 2.0 points over n=4 runs -> se 0.01; allowed 2*sqrt(2)*0.01 + 0.0005
+    out = judged(tmp_path, [
+        paper("close", "la", "ood/conf", "69.0±2.0", scale=0.01, error={"kind": "std", "n": 4}),   # |d| 0.010
+        paper("far", "la", "ood/conf", "67.0±2.0", scale=0.01, error={"kind": "std", "n": 4}),     # |d| 0.030
+        paper("se_kind", "la", "ood/conf", "0.65 ± 0.01", error={"kind": "se"}),                    # 0.05 > 0.0333
+        paper("stated_in", "la", "ood/conf", "0.74", tolerance=0.02, tolerance_reason="no error bar printed"),
+        paper("stated_out", "la", "ood/conf", "0.75", tolerance=0.02, tolerance_reason="no error bar printed"),
+        paper("absent", "mola", "ood/conf", "0.5", tolerance=0.1, tolerance_reason="r",
+              not_run_reason="MoLA is not run in this table"),
+    ])
+    assert out["close"].verdict == "reproduces" and out["far"].verdict == "does not reproduce"
+    assert "allowed ±0.02878" in out["close"].reference and "69.0±2.0 (std, n=4) × 0.01 = 0.69" in out["close"].reference
+    assert out["se_kind"].verdict == "does not reproduce"
+    # stated: tolerance 0.02 + 2 se_ours 0.02 + half unit 0.005 = 0.045
+    assert out["stated_in"].verdict == "reproduces" and out["stated_out"].verdict == "does not reproduce"
+    assert out["absent"].verdict == "not run"
+    assert out["absent"].why == "the table has no row {method_name=mola}; MoLA is not run in this table"
+    assert out["close"].source == "Paper 2021, Table 2, row LA, column MMC; read from arXiv v3, p. 7"
+    assert ref.paper_tolerance(paper("x", "la", "m", "69.0±2.0", scale=0.01, error={"kind": "std", "n": 4}),
+                               0.01) == pytest.approx(2 * math.hypot(0.01, 0.01) + 0.0005)
+
+
+def test_peer_rows_are_judged_paired_seed_by_seed(tmp_path):
+    # d = 0.01, 0.005, 0.015: mean 0.01, se 0.005 / sqrt(3) = 0.00289; 2 se = 0.0058 < 0.01
+    out = judged(tmp_path, [
+        peer("differs", "la", "test/la/ece"),
+        peer("tolerated", "la", "test/la/ece", tolerance=0.005, tolerance_reason="float32 sums"),
+        peer("same", "la", "test/map/ece"),
+        peer("unpaired", "la_star", "test/la/ece", not_run_reason="theirs ran seed 1 only"),
+    ])
+    assert out["differs"].verdict == ref.DIFFERS and out["tolerated"].verdict == ref.MATCHES
+    assert out["same"].verdict == ref.MATCHES  # d = 0 on every seed
+    assert out["differs"].ours == "ours - theirs: 0.01 ± 0.002887 (paired, n=3; allowed 2 se)"
+    assert out["differs"].reference == "authors' code: 0.51 (n=3)"
+    assert out["unpaired"].verdict == "not run"
+    assert out["unpaired"].why.startswith("0 paired seed(s) (ours: [0], theirs: [1])")
+    assert out["unpaired"].why.endswith("theirs ran seed 1 only")
+    mean, se, n, seeds = peer_pairs.paired({"ours": {0: 1.0, 1: 2.0, 5: 9.0}, "theirs": {0: 0.5, 1: 1.0}})
+    assert (mean, n, seeds) == (0.75, 2, [0, 1]) and se == pytest.approx(0.25)
+
+
+def test_quoted_claims_are_judged_against_the_noise(tmp_path):
+    out = judged(tmp_path, [
+        claim("holds", "la", ">", "map"),             # 0.020 vs 0.010, noise 2*sqrt(2)*0.001 = 0.0028
+        claim("fails", "la", "<", "map"),
+        claim("noise", "la_star", ">", "la"),         # 0.0215 vs 0.020: inside the noise
+        claim("noise_ok", "la_star", ">=", "la"),     # non-strict: within noise is consistent
+        claim("noise_not_ok", "la", ">=", "map", metric="ood/conf"),  # 0.70 vs 0.80: opposite beyond noise
+        claim("absent", "la", "<", "mola"),
+    ])
+    assert [out[k].verdict for k in ("holds", "fails", "noise", "noise_ok", "noise_not_ok", "absent")] == [
+        "reproduces", "does not reproduce", "within noise", "reproduces", "does not reproduce", "not run"]
+    assert out["holds"].reference == 'la > map ("LA is better than MAP.")'
+    assert out["absent"].why == "the table has no row {method_name=mola}"
+
+
+def test_markdown_explains_each_kind_present_and_counts(tmp_path):
+    loaded = ref.load_reference(write(tmp_path, [paper("p", "la", "ood/conf", "0.74", tolerance=0.02,
+                                                       tolerance_reason="r"), peer("q", "la", "test/map/ece")]))
+    lines = ref.to_markdown(ref.verdicts(loaded["references"], ROWS, GROUP_BY), ["experiments/paper/reference.yaml"])
+    text = "\n".join(lines)
+    assert "A paper value *reproduces*" in text and "A peer row pairs" in text and "A claim is judged" not in text
+    assert ("Totals: 1 reproduces, 0 does not reproduce, 1 matches the authors' code, "
+            "0 differs from the authors' code, 0 not run.") in text
+
+
+@pytest.mark.parametrize("entry, message", [
+    (claim("c", "la", "<", "map", quote=None), r"entry 'c': field `quote` must be the paper's sentence"),
+    ({k: v for k, v in claim("c", "la", "<", "map").items() if k != "quote"}, r"entry 'c': missing field\(s\) \['quote'\]"),
+    (claim("c", "la", "<", "la"), r"entry 'c': fields `lhs` and `rhs` are the same row and metric"),
+    (claim("c", "la", "<", "map", source="Paper, Sec. 4"), r"entry 'c': field `source` must be a mapping"),
+    (paper("p", "la", "m", "0.5", tolerance=0.1, tolerance_reason="r", source={"paper": "P", "where": "Table 1",
+                                                                               "read_from": "pdf"}),
+     r"entry 'p': field `source` of a table value needs `row`"),
+    (paper("p", "la", "m", "0.5", tolerance=0.1, tolerance_reason="r",
+           source={**SOURCE, "page": 3}), r"entry 'p': field `source` has unknown key\(s\) \['page'\]"),
+    (paper("p", "la", "m", "about 0.5", tolerance=0.1, tolerance_reason="r"), r"entry 'p': field `printed`: 'about 0.5'"),
+    (paper("p", "la", "m", "58.8±1.2"), r"entry 'p': field `error` must say what the printed ± is"),
+    (paper("p", "la", "m", "58.8±1.2", error={"kind": "std"}), r"entry 'p': field `error`: a std needs `n`"),
+    (paper("p", "la", "m", "58.8±1.2", error={"kind": "se"}, tolerance=0.1, tolerance_reason="r"),
+     r"entry 'p': field `tolerance`: the printed cell has an error bar"),
+    (paper("p", "la", "m", "58.8"), r"entry 'p': field `tolerance`: the printed cell has no error bar"),
+    (paper("p", "la", "m", "58.8", tolerance=0.1), r"entry 'p': field `tolerance` needs `tolerance_reason`"),
+    (paper("p", "la", "m", "58.8", tolerance=0.1, tolerance_reason="r", scale=0), r"entry 'p': field `scale` must be"),
+    ({"id": "v", "kind": "value", "row": {"method_name": "la"}, "metric": "m", "value": 1, "tolerance": 0,
+      "source": "s"}, r"entry 'v': field `kind`='value' is not supported in format 2.*write `paper` or `peer`"),
+    (peer("q", "la", "test/la/ece", csv="/abs/peer.csv"), r"entry 'q': field `csv` must be a path relative"),
+    (peer("q", "la", "test/la/ece", csv="../peer.csv"), r"entry 'q': field `csv` must be a path relative"),
+    (peer("q", "la", "test/nll"), r"entry 'q', field `csv`: .*authors.csv: reference entry 'q': field `metric` "
+                                  r"'test/nll' is not a column; allowed: \['test/la/ece', 'test/map/ece'\]"),
+    (peer("q", "la", "test/la/ece", row={"data": "mnist"}), r"field `row` key\(s\) \['data'\] are not columns"),
+])
+def test_format2_entry_validation_names_file_entry_and_field(tmp_path, entry, message):
+    path = write(tmp_path, [entry])
+    with pytest.raises(ref.ReferenceFileError, match=message) as info:
+        ref.load_reference(path)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("csv_text, message", [
+    ("side,seed,commit,test/la/ece\nours,0,abc,0.1\n", r"header: missing column\(s\) \['command'\]"),
+    ("side,seed,commit,command,m\nmine,0,abc,run,0.1\n", r"line 2, column `side`: 'mine' is not allowed"),
+    ("# made by x\nside,seed,commit,command,m\nours,zero,abc,run,0.1\n", r"line 3, column `seed`: 'zero' is not"),
+    ("side,seed,commit,command,m\nours,0,,run,0.1\n", r"line 2, column `commit`: is empty"),
+    ("side,seed,commit,command,m\nours,0,abc,run\n", r"line 2: has 4 cells where the header has 5 columns"),
+    ("side,seed,commit,command,m\nours,0,abc,run,0.1\nours,0,abc,run,0.2\n", r"side 'ours' has seed 0 twice"),
+    ("side,seed,commit,command,m\n", r"body: has no data rows"),
+])
+def test_malformed_peer_csv_is_rejected_naming_line_and_column(tmp_path, csv_text, message):
+    path = write(tmp_path, [{"id": "q", "kind": "peer", "csv": "peer/authors.csv", "row": {}, "metric": "m",
+                             "source": "s"}], csv_text=csv_text)
+    with pytest.raises(ref.ReferenceFileError, match=message) as info:
+        ref.load_reference(path)
+    assert "entry 'q', field `csv`" in str(info.value) and "peer/authors.csv" in str(info.value)
+
+
+def test_file_level_fields_of_format2(tmp_path):
+    ok = [paper("p", "la", "ood/conf", "0.74", tolerance=0.02, tolerance_reason="r")]
+    loaded = ref.load_reference(write(tmp_path, ok, tables=["toy_table"],
+                                      headline=[{"claim": "LA is calibrated", "ids": ["p"]}]))
+    assert loaded["format"] == 2 and loaded["tables"] == ("toy_table",) and loaded["paper"] == "Paper 2021 (Venue)"
+    assert loaded["references"][0]["_format"] == 2
+    with pytest.raises(ref.ReferenceFileError, match=r"field `headline` item #0: `ids` \['nope'\] are not entries"):
+        ref.load_reference(write(tmp_path, ok, headline=[{"claim": "c", "ids": ["nope"]}]))
+    with pytest.raises(ref.ReferenceFileError, match=r"field `format`=3 is not supported; allowed: \[1, 2\]"):
+        ref.load_reference(write(tmp_path, ok, format=3))
+    with pytest.raises(ref.ReferenceFileError, match="field `paper` must cite the paper"):
+        ref.load_reference(write(tmp_path, ok, paper=""))
+    with pytest.raises(ref.ReferenceFileError, match=r"unknown top-level key\(s\) \['headlines'\] in format 2"):
+        ref.load_reference(write(tmp_path, ok, headlines=[]))
+
+
+def test_printed_cells_parse_with_their_precision():
+    assert ref.parse_printed("58.8±1.2") == (58.8, 1.2, pytest.approx(0.05))
+    assert ref.parse_printed("0.0123 +- 0.002") == (0.0123, 0.002, pytest.approx(0.00005))
+    assert ref.parse_printed("99 %") == (99.0, None, 0.5)
+    with pytest.raises(ValueError, match="is not a printed number"):
+        ref.parse_printed("n/a")

@@ -1,0 +1,105 @@
+"""Tables that say what they leave out and never destroy a committed table: failed and unfinished
+jobs named with why, metric names escaped, huge integers handled, nothing under ``results/``
+without ``--commit-results``, a committed table replaced by a smaller one only when asked, stale
+figures removed, the three files written whole."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from laplace_lab.io.atomic import atomic_path
+from laplace_lab.reporting import tables
+from laplace_lab.reporting.table_commit import ShrinkingTable
+
+from .test_tables import make_job, read_csv, repo, sweep  # noqa: F401
+
+
+def test_failed_and_unfinished_jobs_are_named_with_why(sweep, tmp_path):  # noqa: F811
+    failed = next(sweep.glob("*curvature=full*seed=0*"))
+    status = json.loads((failed / "status.json").read_text())
+    (failed / "status.json").write_text(json.dumps({**status, "error": "RuntimeError: boom"}))
+    md = tables.aggregate([sweep], "t", metrics=["test/map/acc"])[0].read_text()
+    section = md.split("## Jobs left out (not finished)")[1]
+    assert f"`multirun/{failed.name}`: failed (RuntimeError: boom)" in section
+    assert "seed=1`: unfinished (state running: still running, or killed before its end)" in section
+
+
+def test_metric_names_and_cells_are_escaped(tmp_path):
+    folder = tmp_path / "multirun"
+    for seed in (0, 1):
+        make_job(folder, "mlp", "kron", seed, {"test/a|b": 0.5, "test/<b>x</b>": 1.0})
+    md = tables.aggregate([folder], "t")[0].read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| model"))
+    assert header.count(" | ") == 4 and "test/a\\|b" in header and "&lt;b&gt;x&lt;/b&gt;" in header
+    assert "<b>" not in md
+
+
+def test_a_huge_integer_is_left_out_as_non_finite(tmp_path):
+    folder = tmp_path / "multirun"
+    make_job(folder, "mlp", "kron", 0, {"test/map/acc": 0.5})
+    job = make_job(folder, "mlp", "kron", 1, {"test/map/acc": 0.7})
+    (job / "metrics.json").write_text('{"test/map/acc": ' + "9" * 400 + "}")
+    md = tables.aggregate([folder], "t", metrics=["test/map/acc"])[0].read_text()
+    assert "0.5000 (n=1; 1 non-finite left out)" in md and "test/map/acc = inf" in md
+
+
+def test_results_subfolders_need_commit_results(sweep, repo):  # noqa: F811
+    with pytest.raises(ValueError, match="holds the committed tables: write there only with --commit-results"):
+        tables.aggregate([sweep], "t", metrics=["test/map/acc"], results_dir=repo / "results" / "sub")
+    assert not (repo / "results").exists()
+
+
+def test_commit_results_refuses_a_smaller_table_and_removes_stale_figures(sweep, tmp_path, repo):  # noqa: F811
+    full = tables.aggregate([sweep], "t", metrics=["test/map/acc"], commit_results=True, figures=["reliability"])
+    figures = repo / "results" / "t_figures"
+    assert sorted(p.name for p in figures.iterdir()) == ["model=lenet,curvature=diag__reliability.png",
+                                                         "model=mlp,curvature=kron__reliability.png"]
+    (figures / "other.png").write_bytes(b"not ours")
+    before = {p: p.read_text() for p in full}
+    # a one-seed, one-method launch: fewer jobs, seeds and rows
+    small = tmp_path / "small" / "multirun"
+    make_job(small, "mlp", "kron", 0, {"test/map/acc": 0.1})
+    with pytest.raises(ShrinkingTable, match=r"by a smaller table: 1 jobs \(the committed table has 5\); seeds missing: "
+                                             r"seed=1, seed=2; rows missing: model=lenet,curvature=diag"):
+        tables.aggregate([small], "t", metrics=["test/map/acc"], commit_results=True, figures=["reliability"])
+    assert {p: p.read_text() for p in full} == before  # nothing written
+    with pytest.raises(SystemExit, match="--allow-smaller"):
+        tables.main([str(small), "--name", "t", "--metrics", "test/map/acc", "--commit-results", "--figures", "reliability"])
+    tables.main([str(small), "--name", "t", "--metrics", "test/map/acc", "--commit-results", "--figures", "reliability",
+                 "--allow-smaller"])
+    assert [r["n"] for r in read_csv(repo / "results" / "t.csv")] == ["1"]
+    assert sorted(p.name for p in figures.iterdir()) == ["model=mlp,curvature=kron__reliability.png", "other.png"]
+    # the same or a bigger table replaces it without the flag
+    tables.aggregate([sweep], "t", metrics=["test/map/acc"], commit_results=True)
+
+
+def test_the_three_files_are_written_whole(sweep, tmp_path, monkeypatch):  # noqa: F811
+    """A write that dies leaves the old file, not a cut-off one, and no temporary file."""
+    paths = tables.aggregate([sweep], "t", metrics=["test/map/acc"])
+    old = {p: p.read_text() for p in paths}
+    calls = {"n": 0}
+    real = tables.write_text_atomic
+
+    def dies_on_the_second(path, text):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            with atomic_path(path) as tmp:
+                tmp.write_text(text[:10])
+                raise KeyboardInterrupt
+        real(path, text)
+
+    monkeypatch.setattr(tables, "write_text_atomic", dies_on_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        tables.aggregate([sweep], "t", metrics=["test/map/acc", "test/la/nll"])
+    assert paths[1].read_text() == old[paths[1]]
+    assert not [p for p in sweep.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_refusal_of_dirty_jobs_says_a_relaunch_skips_them(sweep, repo):  # noqa: F811
+    job = next(p.parent for p in sweep.rglob("status.json") if json.loads(p.read_text())["state"] == "finished")
+    status = json.loads((job / "status.json").read_text())
+    (job / "status.json").write_text(json.dumps({**status, "git": {**status["git"], "dirty": True}}))
+    with pytest.raises(tables.ProvenanceError, match=r"a relaunch skips finished jobs: launch into a new folder"):
+        tables.aggregate([sweep], "t", metrics=["test/map/acc"])

@@ -1,0 +1,111 @@
+"""The package's layers: each module imports only from its own package or the layers below it.
+
+The check parses every module of ``src/laplace_lab`` (imports inside functions included) and runs in
+the default test run, so CI repeats it: ``pytest -q tests/test_architecture.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PACKAGE = SRC / "laplace_lab"
+# From the entry point down; packages in one row are independent of each other.
+LAYERS = [
+    ("laplace_lab.train",),
+    ("laplace_lab.reporting",),
+    ("laplace_lab.training",),
+    ("laplace_lab.sweeps",),
+    ("laplace_lab.config",),
+    ("laplace_lab.evaluation", "laplace_lab.data", "laplace_lab.models"),
+    ("laplace_lab.laplace", "laplace_lab.io"),
+]
+LAYER_OF = {name: depth for depth, row in enumerate(LAYERS) for name in row}
+# The engine is pure PyTorch: usable and testable without these.
+ENGINE_FORBIDDEN = ("pytorch_lightning", "lightning", "hydra", "omegaconf")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path, name: str | None = None) -> list[tuple[int, str]]:
+    """``(line, module)`` of every import of ``path``, the module ``name`` (relative imports resolved;
+    ``from m import a`` gives ``m`` and ``m.a``, since ``a`` may be a submodule)."""
+    name, is_package = name or module_name(path), path.name == "__init__.py"
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                module = ".".join(base[:len(base) - node.level + 1] + ([module] if module else []))
+            found += [(node.lineno, module)] + [(node.lineno, f"{module}.{a.name}") for a in node.names]
+    return found
+
+
+def layer(module: str) -> str | None:
+    """The entry of ``LAYERS`` that ``module`` belongs to (None: the package init, or outside)."""
+    head = ".".join(module.split(".")[:2])
+    return head if head in LAYER_OF else None
+
+
+MODULES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_package_has_a_layer():
+    tops = {p.name if p.is_dir() else p.stem for p in PACKAGE.iterdir()
+            if (p.is_dir() and (p / "__init__.py").exists()) or p.suffix == ".py"}
+    assert {f"laplace_lab.{t}" for t in tops - {"__init__"}} == set(LAYER_OF)
+
+
+def test_only_the_entry_point_and_the_init_are_loose_modules():
+    assert sorted(p.name for p in PACKAGE.glob("*.py")) == ["__init__.py", "train.py"]
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_import_from_a_higher_layer(path):
+    own = layer(module_name(path))
+    if own is None:
+        return
+    bad = []
+    for line, module in imported_modules(path):
+        other = layer(module)
+        if other is None or other == own:
+            continue
+        if LAYER_OF[other] <= LAYER_OF[own]:  # above, or a sibling of the same row
+            bad.append(f"line {line}: {module} ({other} is not below {own})")
+    assert not bad, f"{module_name(path)} imports upward or sideways:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "laplace").rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_engine_imports_neither_lightning_nor_hydra(path):
+    bad = [f"line {line}: {m}" for line, m in imported_modules(path) if m.split(".")[0] in ENGINE_FORBIDDEN]
+    assert not bad, f"{module_name(path)}: " + ", ".join(bad)
+
+
+def test_the_check_finds_an_upward_import(tmp_path):
+    """The parser sees an import inside a function, and a relative one."""
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from laplace_lab.train import build\n    from .. import train\n")
+    found = [m for _, m in imported_modules(module, "laplace_lab.training.m")]
+    assert found == ["laplace_lab.train", "laplace_lab.train.build", "laplace_lab", "laplace_lab.train"]
+    assert layer("laplace_lab.train.build") == "laplace_lab.train" and layer("laplace_lab") is None
+
+
+# Where the composed config (Hydra's ``DictConfig``) may appear: the entry point, the config package
+# that reads it into the typed ``RunConfig``, and the Hydra callbacks (sweep summary, sweep ETA),
+# which Hydra hands its own config.
+DICTCONFIG_ALLOWED = ("train.py", "config/", "sweeps/callback.py", "sweeps/sweep_eta.py")
+
+
+def test_only_the_entry_point_and_config_see_the_composed_config():
+    """``grep -rn DictConfig src/`` finds it only where ``DICTCONFIG_ALLOWED`` says."""
+    found = [str(p.relative_to(PACKAGE)) for p in MODULES if "DictConfig" in p.read_text()]
+    assert found and all(f.startswith(DICTCONFIG_ALLOWED) for f in found), found
