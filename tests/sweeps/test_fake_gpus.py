@@ -86,6 +86,7 @@ def max_overlap(spans: list[tuple[float, float, str]]) -> int:
     return peak
 
 
+@pytest.mark.slow  # a Ray node start-up and four workers: ~50-100 s of the default run (make test-slow)
 def test_ray_four_jobs_on_four_gpus_run_at_once_each_on_its_own_gpu(tmp_path, ray_node):
     jobs = ray_sweep(tmp_path, ray_node, n_jobs=4, gpus_per_job=1, barrier=4, light=False)
     spans = intervals(jobs)
@@ -108,7 +109,7 @@ def test_ray_eight_jobs_on_four_gpus_run_at_most_four_at_once(tmp_path, ray_node
     assert {d for _, _, d in spans} == {"0", "1", "2", "3"}
 
 
-@pytest.mark.slow  # eight Ray workers at once: ~70 s on the busy 2-core machine; the four-job test above covers the default run
+@pytest.mark.slow  # eight Ray workers at once: ~70 s on the busy 2-core machine; run with make test-slow like the two above
 def test_ray_half_a_gpu_per_job_puts_two_jobs_on_each_gpu(tmp_path, ray_node):
     jobs = ray_sweep(tmp_path, ray_node, n_jobs=8, gpus_per_job=0.5, barrier=8, light=True)
     spans = intervals(jobs)

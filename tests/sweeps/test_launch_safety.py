@@ -66,6 +66,7 @@ def test_config_hash_ignores_checkpoint_paths_and_loggers():
                                               "logger.wandb.enabled=false", "torch_num_threads=2"])) == base
 
 
+@pytest.mark.slow  # two launches end to end (~27 s); the fingerprint rule itself: test_multirun.py
 def test_relaunch_with_other_thread_count_skips_finished_jobs(tmp_path):
     proc, sweep = multirun(tmp_path, *TINY, "seed=0,1", "prior.prior_precision=1", "torch_num_threads=1")
     assert proc.returncode == 0, proc.stderr[-3000:]
