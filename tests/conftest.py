@@ -6,6 +6,7 @@ developer machine, but they FAIL under CI (``CI`` set), so CI cannot pass withou
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -31,6 +32,15 @@ def data_dir() -> Path:
     if os.environ.get("CI"):
         pytest.fail(message + " (CI must run the real-data tests)")
     pytest.skip(message)
+
+
+def load_script(path: Path, name: str | None = None):
+    """The Python file at ``path`` (a peer, benchmark or experiment script outside the package)
+    imported as a module named ``name`` (default: the file's stem)."""
+    spec = importlib.util.spec_from_file_location(name or Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def compose_config(overrides: list[str] | tuple[str, ...] = ()):

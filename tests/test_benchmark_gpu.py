@@ -4,7 +4,6 @@ reported instead of stopping the script."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,16 +11,15 @@ from pathlib import Path
 
 import torch
 
+from tests.conftest import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu.py"
 BLOCKED = ("hydra", "omegaconf", "wandb", "torchvision", "pytorch_lightning", "lightning")
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("benchmark_gpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "benchmark_gpu")
 
 
 def test_smoke_runs_on_cpu_without_the_missing_packages(tmp_path):

@@ -4,7 +4,6 @@ and how a job's MAP cache entry is found."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from functools import partial
@@ -20,6 +19,7 @@ from laplace_lab.evaluation import metrics as M
 from laplace_lab.models import LeNet
 from laplace_lab.reporting.reference import load_reference
 from laplace_lab.training import MAPModule
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "laplace_redux" / "laplace_torch_reference.py"
@@ -27,10 +27,7 @@ SCRIPT = ROOT / "experiments" / "laplace_redux" / "laplace_torch_reference.py"
 
 @pytest.fixture(scope="module")
 def peer():
-    spec = importlib.util.spec_from_file_location("laplace_redux_peer", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "laplace_redux_peer")
 
 
 @pytest.fixture(scope="module")

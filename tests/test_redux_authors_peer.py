@@ -4,7 +4,6 @@ the peer CSV's columns, and the committed CSV names no machine path."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import torch
 
 from laplace_lab.models.lenet import LeNet
 from laplace_lab.reporting import peer_pairs
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "laplace_redux" / "peer" / "run_authors_uq.py"
@@ -20,10 +20,7 @@ SCRIPT = ROOT / "experiments" / "laplace_redux" / "peer" / "run_authors_uq.py"
 
 @pytest.fixture(scope="module")
 def peer():
-    spec = importlib.util.spec_from_file_location("run_authors_uq", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "run_authors_uq")
 
 
 def authors_layout() -> torch.nn.Sequential:
@@ -77,9 +74,7 @@ def test_committed_peer_csvs_are_valid_and_portable(csv_path):
 
 
 def test_laplace_torch_rows_pair_with_the_table_jobs():
-    spec = importlib.util.spec_from_file_location("laplace_torch_pairs", SCRIPT.with_name("laplace_torch_pairs.py"))
-    pairs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(pairs)
+    pairs = load_script(SCRIPT.with_name("laplace_torch_pairs.py"))
     metrics = {v: "0.5" for v in [*pairs.METRICS.values(), *pairs.MAP_CHECK]}
     peer_rows = [{"seed": "3", "method_name": "la", **metrics}, {"seed": "3", "method_name": "kron", **metrics}]
     our_rows = [{"method_name": "la", "overrides": "method=la seed=3 experiment=redux_mnist", "commit": "abc", **metrics}]

@@ -3,7 +3,6 @@ preset's sweep plus the two smaller online-marglik candidates, and every job com
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 from pathlib import Path
 
@@ -13,12 +12,10 @@ import yaml
 import laplace_lab.config  # noqa: F401  (registers the schema nodes and lab_if_equal)
 from laplace_lab.config.validation import validate_config
 from laplace_lab.sweeps.run_only import job_dirname
-from tests.conftest import CONF_DIR, compose_config
+from tests.conftest import CONF_DIR, compose_config, load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("images250_lanes", ROOT / "experiments" / "immer2021" / "images250_lanes.py")
-lanes = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(lanes)
+lanes = load_script(ROOT / "experiments" / "immer2021" / "images250_lanes.py")
 
 
 def _key(overrides: list[str]) -> tuple:

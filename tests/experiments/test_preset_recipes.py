@@ -4,7 +4,6 @@ reference script runs (a few epochs on one split)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,7 +15,7 @@ from omegaconf import OmegaConf
 
 from laplace_lab.config.store import if_equal
 from laplace_lab.config.validation import validate_config
-from tests.conftest import CONF_DIR, compose_config, run_config
+from tests.conftest import CONF_DIR, compose_config, load_script, run_config
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE_FILES = sorted((ROOT / "experiments").glob("*/reference*.yaml"))
@@ -101,11 +100,7 @@ def test_reference_file_matches_its_preset(path):
 
 
 def _load_peer_script():
-    path = ROOT / "experiments" / "immer2021" / "laplace_torch_reference.py"
-    spec = importlib.util.spec_from_file_location("laplace_torch_reference", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "experiments" / "immer2021" / "laplace_torch_reference.py")
 
 
 def test_peer_reference_script_runs_one_split(data_dir):
@@ -156,10 +151,7 @@ def test_images_peer_check_matches_laplace_torch(tmp_path):
     from laplace_lab.train import run
     from tests.conftest import compose_config
 
-    path = ROOT / "experiments" / "immer2021" / "laplace_torch_images_check.py"
-    spec = importlib.util.spec_from_file_location("laplace_torch_images_check", path)
-    check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check)
+    check = load_script(ROOT / "experiments" / "immer2021" / "laplace_torch_images_check.py")
     job = tmp_path / "job"
     run(compose_config(["data=fake_data", "model=mlp", "model.widths=[16]", "method=online_kron", "trainer.max_epochs=2",
                         "marglik.n_steps=5", "checkpoint.enabled=true", "logger=csv", "evaluation=none",

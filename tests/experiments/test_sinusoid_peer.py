@@ -4,12 +4,12 @@ written as a peer CSV that ``peer_pairs`` reads; bad options are refused before 
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from laplace_lab.reporting import peer_pairs
+from tests.conftest import load_script
 
 pytest.importorskip("laplace")
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,10 +18,7 @@ SCRIPT = ROOT / "experiments" / "sinusoid" / "peer" / "laplace_torch_example.py"
 
 @pytest.fixture(scope="module")
 def peer():
-    spec = importlib.util.spec_from_file_location("sinusoid_peer", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "sinusoid_peer")
 
 
 def test_parse_seeds(peer):

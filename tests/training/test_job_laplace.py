@@ -3,7 +3,6 @@ and experiments/immer2021/marglik_terms.py on it: the refit is the run's own Lap
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
@@ -13,7 +12,7 @@ import pytest
 
 from laplace_lab.train import run
 from laplace_lab.training.job_laplace import best_state, final_laplace
-from tests.conftest import compose_config
+from tests.conftest import compose_config, load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ["data=toy2d", "data.n_train=128", "data.n_test=64", "model=mlp", "model.widths=[8]", "method=online_kron",
@@ -38,9 +37,7 @@ def test_final_laplace_is_the_runs_laplace(job):
 
 
 def test_marglik_terms_script_recorded_and_refit(job, monkeypatch, capsys):
-    spec = importlib.util.spec_from_file_location("marglik_terms", ROOT / "experiments" / "immer2021" / "marglik_terms.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(ROOT / "experiments" / "immer2021" / "marglik_terms.py")
     recorded, refit = script.job_terms(job), script.job_terms(job, refit=True)
     assert recorded["source"] == "recorded" and refit["source"] == "refit" and refit["params"] == 2 * 8 + 8 + 8 * 2 + 2
     for key in ("log_marglik", "log_lik", "log_det_ratio", "scatter", "occam"):
