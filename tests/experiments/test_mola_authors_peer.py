@@ -41,18 +41,32 @@ def test_member_seed_edit_gives_the_members_cache_key(peer, k):
     assert edited != map_cache.key_contents(run)["config"]
 
 
-def test_members_are_written_where_uq_loads_them_in_its_layout(peer, tmp_path):
-    assert peer.member_path(tmp_path, 3, 0) == tmp_path / "lenet_mnist" / "lenet_mnist_3_1"
-    assert peer.member_path(tmp_path, 3, 4).name == "lenet_mnist_3_5"
+@pytest.mark.parametrize("data", ["mnist", "fashion_mnist"])
+def test_members_are_written_where_uq_loads_them_in_its_layout(peer, tmp_path, data):
+    name = {"mnist": "lenet_mnist/lenet_mnist_3_{}", "fashion_mnist": "lenet_fmnist/lenet_fmnist_3_{}.pt"}[data]
+    assert [peer.member_path(tmp_path, data, 3, k) for k in range(5)] == [tmp_path / name.format(i) for i in range(1, 6)]
     torch.manual_seed(0)
     ours = LeNet((1, 28, 28), 10).eval()
-    path = peer.member_path(tmp_path, 3, 1)
+    path = peer.member_path(tmp_path, data, 3, 1)
     path.parent.mkdir(parents=True)
-    torch.save(peer.uq.to_authors_state_dict(ours), path)
-    theirs = authors_layout().eval()
-    theirs.load_state_dict(torch.load(path))
+    torch.save(peer.member_state_dict(ours, data), path)
+    theirs = authors_layout().eval()  # uq.py loads MNIST files into LeNet.net, FashionMNIST ones into LeNet
+    target = theirs if data == "mnist" else torch.nn.Module()
+    if data == "fashion_mnist":
+        target.net = theirs
+    target.load_state_dict(torch.load(path))
     x = torch.rand(3, 1, 28, 28)
     assert torch.equal(ours(x), theirs(x))
+
+
+def test_fashion_mnist_patch_applies_to_the_authors_duplicate_branch(peer, tmp_path):
+    rel, old, new = peer.FMNIST_PATCH[1]
+    (tmp_path / "utils").mkdir()
+    (tmp_path / rel).write_text("before\n" + old + "after\n")
+    peer.uq.apply_patch(tmp_path, [peer.FMNIST_PATCH[1]])
+    text = (tmp_path / rel).read_text()
+    assert text.count("elif args.benchmark in ['R-FMNIST', 'FMNIST-OOD']:") == 1
+    assert "ids = ['FMNIST', 'MNIST']" in text and "ids = [0]" in text and text.endswith("after\n")
 
 
 def test_uq_configs_are_the_authors(peer, tmp_path):
@@ -72,7 +86,8 @@ def test_uq_configs_are_the_authors(peer, tmp_path):
         peer.run_config(tmp_path, "mola", Path("/d"), Path("/m"), 2)
     with pytest.raises(ValueError, match=r"method='la' is not supported; allowed: \['de', 'mola'\]"):
         peer.run_config(tmp_path, "la", Path("/d"), Path("/m"), 2)
-    assert "optimize_prior_precision: null" in peer.theirs_command("mola", 2)
+    assert "optimize_prior_precision: null" in peer.theirs_command("mnist", "mola", 2)
+    assert "--benchmark FMNIST-OOD" in peer.theirs_command("fashion_mnist", "de", 2)
 
 
 def test_ensemble_check_stops_on_other_networks(peer):
@@ -94,20 +109,30 @@ def test_both_sides_pair_in_the_peer_csv(peer, tmp_path):
     metrics = {f"{h}/{m}/{k}": 0.5 + 0.01 * i for i, (h, m, k) in enumerate(
         (h, m, k) for m in ("de", "mola") for h, k in (c.rsplit("/", 1) for c in peer.THEIRS))}
     ours = peer.ours_row(metrics, "mola")
-    assert ours["test/acc"] == metrics["test/mola/acc"] and ours["ood/fashion_mnist/fpr95"] == \
-        metrics["ood/fashion_mnist/mola/fpr95"]
+    assert ours["test/acc"] == metrics["test/mola/acc"] and ours["ood/mnist/fpr95"] == metrics["ood/mnist/mola/fpr95"]
     assert peer.ours_row({}, "de")["test/nll"] == ""  # not computed: an empty cell
+    uq_results = {"R-FMNIST": [{"acc": 0.9, "nll": 0.3, "conf": 0.8, "brier": 0.1, "ece": 0.05}],
+                  "FMNIST-OOD": [{"conf": 0.8}, {"conf": 0.6, "auroc": 0.7, "fpr95": 0.4}]}
+    theirs = peer.theirs_row("fashion_mnist", uq_results)
+    assert theirs["test/ece_redux"] == 0.05 and theirs["ood/mnist/auroc"] == 0.7
+    assert theirs["ood/fashion_mnist/auroc"] == ""  # the MNIST runs' OOD set: not this data set's
     rows = []
     for seed, shift in ((0, 0.01), (1, 0.03)):
-        for method in peer.METHODS:
-            row = peer.ours_row(metrics, method)
-            rows.append({"side": "ours", "seed": seed, "method": method, "commit": "abc", "command": "ours", **row})
-            rows.append({"side": "theirs", "seed": seed, "method": method, "commit": "def", "command": "uq.py",
-                         **{c: v - shift for c, v in row.items()}})
-    path = tmp_path / "authors_mola.csv"
-    peer.uq.write_csv(path, rows, ["made by a test"], methods=peer.METHODS, columns=peer.COLUMNS)
-    table = peer_pairs.read_peer_csv(path)
-    assert table.comments == ("made by a test",)
-    assert [r["method"] for r in table.rows[:2]] == ["de", "mola"]
-    mean, se, n, seeds = peer_pairs.paired(peer_pairs.side_values(table, {"method": "mola"}, "test/nll", "test"))
+        for data in ("fashion_mnist", "mnist"):
+            for method in peer.METHODS:
+                row = peer.ours_row(metrics, method)
+                common = {"seed": seed, "data": data, "method": method}
+                rows.append({"side": "ours", **common, "commit": "abc", "command": "ours", **row})
+                rows.append({"side": "theirs", **common, "commit": "def", "command": "uq.py",
+                             **{c: v - shift for c, v in row.items()}})
+    args = SimpleNamespace(out=tmp_path / "authors_mola.csv", sweep_dir=Path("/x/eschenhagen2021_mnist_cpu/multirun"),
+                           data="mnist,fashion_mnist", seeds="0,1")
+    peer.write(args, rows, "2f526d0")
+    table = peer_pairs.read_peer_csv(args.out)
+    assert table.comments[-1].endswith("--sweep-dir <outputs>/eschenhagen2021_mnist_cpu/multirun "
+                                       "--data mnist,fashion_mnist --seeds 0,1")
+    assert [(r["data"], r["method"]) for r in table.rows[:4]] == [("mnist", "de"), ("fashion_mnist", "de"),
+                                                                  ("mnist", "mola"), ("fashion_mnist", "mola")]
+    select = {"data": "fashion_mnist", "method": "mola"}
+    mean, se, n, seeds = peer_pairs.paired(peer_pairs.side_values(table, select, "test/nll", "test"))
     assert (n, seeds) == (2, [0, 1]) and mean == pytest.approx(0.02) and se == pytest.approx(0.01)

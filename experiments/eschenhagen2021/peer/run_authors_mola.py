@@ -82,17 +82,76 @@ MEMBERS = 5
 FIXED_PRIOR = 1.0  # configs/post_hoc_laplace/mnist_default.yaml: prior_precision: 1. (uq.py's default too)
 MOLA_CONFIG = "configs/post_hoc_laplace/mnist_default.yaml"
 METHODS = {"de": "ensemble", "mola": "mola"}  # CSV method (our predictor) -> uq.py --method
-THEIRS = uq.THEIRS
-COLUMNS = uq.COLUMNS
-BENCHMARKS = uq.BENCHMARKS
+
+
+def _fmnist_branch(angles: str, sets: str) -> str:
+    """``utils/data_utils.py``'s R-FMNIST / FMNIST-OOD branch of ``get_in_distribution_data_loaders``."""
+    return ("    elif args.benchmark in ['R-FMNIST', 'FMNIST-OOD']:\n"
+            "        if args.benchmark == 'R-FMNIST':\n            no_loss_acc = False\n"
+            f"            # here, id is the rotation angle\n            ids = {angles}\n"
+            "        else:\n            no_loss_acc = True\n"
+            f"            # here, id is the name of the dataset\n            ids = {sets}\n"
+            "        train_loader, val_loader, in_test_loader = get_fmnist_loaders(\n"
+            "            args.data_root,\n            model_class=args.model,\n            batch_size=args.batch_size,\n"
+            "            val_size=args.val_set_size,\n            download=args.download,\n"
+            "            device=device)\n\n")
+
+
+# The run-time patch: run_authors_uq.PATCH (MNIST) and, for FashionMNIST, one file per mixture
+# component (the authors load lenet_fmnist_<seed>.pt for every component) and the FashionMNIST branch
+# cut as the MNIST one (angle 0; EMNIST and KMNIST not available offline). The authors' file has
+# that branch twice in a row (the second copy can never run): the patch replaces both by one.
+FMNIST_PATCH = [
+    ("utils/utils.py",
+     "                         else fpath.format(args.model_seed))\n",
+     "                         else fpath.format(f'{args.model_seed}_{model_idx+1}'))  # laplace-lab peer run: "
+     "one FashionMNIST network per component\n"),
+    ("utils/data_utils.py",
+     2 * _fmnist_branch("[0, 15, 30, 45, 60, 75, 90, 105, 120, 135, 150, 165, 180]",
+                        "['FMNIST', 'EMNIST', 'MNIST', 'KMNIST']"),
+     _fmnist_branch("[0]  # laplace-lab peer run: the unrotated test set only (CPU cut)",
+                    "['FMNIST', 'MNIST']  # laplace-lab peer run: EMNIST, KMNIST not available offline; the "
+                    "authors' second (unreachable) copy of this branch removed")),
+]
+PATCH = uq.PATCH + FMNIST_PATCH
+TEST_COLUMNS = [c for c in uq.THEIRS if c.startswith("test/")]
+# per data set: uq.py's benchmarks (in-distribution, OOD), our OOD set and the member file layout
+DATASETS = {
+    "mnist": {"benchmarks": ("R-MNIST", "MNIST-OOD"), "ood": "fashion_mnist",
+              "file": "lenet_mnist/lenet_mnist_{seed}_{k}", "prefix": ""},
+    "fashion_mnist": {"benchmarks": ("R-FMNIST", "FMNIST-OOD"), "ood": "mnist",
+                      "file": "lenet_fmnist/lenet_fmnist_{seed}_{k}.pt", "prefix": "net."},
+}
+OOD_METRICS = ("conf", "auroc", "fpr95")
+# CSV metric column -> (benchmark index 0/1, id index in uq.py's results list, uq.py metric key)
+THEIRS = {
+    **{c: (0, 0, uq.THEIRS[c][2]) for c in TEST_COLUMNS},
+    **{f"ood/{o}/{m}": (1, 1, m) for o in ("fashion_mnist", "mnist") for m in OOD_METRICS},
+}
+COLUMNS = ["side", "seed", "data", "method", "commit", "command", *THEIRS]
 DEFAULT_OUT = HERE / "authors_mola.csv"
 DE_CHECK = ("test/de/acc", "test/de/nll")  # all 10k test images: must equal the job's (same networks)
 DE_CHECK_TOL = 1e-4
 
 
-def member_path(models_root: Path, seed: int, k: int) -> Path:
-    """The file ``uq.py`` loads for component ``k`` (0-based) of ``model_seed: seed`` (MNIST)."""
-    return models_root / "lenet_mnist" / f"lenet_mnist_{seed}_{k + 1}"
+def member_path(models_root: Path, data: str, seed: int, k: int) -> Path:
+    """The file the patched ``uq.py`` loads for component ``k`` (0-based) of ``model_seed: seed``."""
+    return models_root / DATASETS[data]["file"].format(seed=seed, k=k + 1)
+
+
+def member_state_dict(model: torch.nn.Module, data: str) -> dict[str, torch.Tensor]:
+    """Our LeNet in the authors' layout: ``LeNet.net``'s keys for MNIST (``uq.py`` loads into
+    ``model.net``), ``net.``-prefixed for FashionMNIST (loaded into the ``LeNet`` itself)."""
+    prefix = DATASETS[data]["prefix"]
+    return {prefix + k: v for k, v in uq.to_authors_state_dict(model).items()}
+
+
+def theirs_row(data: str, results: dict[str, list[dict]]) -> dict[str, float | str]:
+    """CSV metric columns from ``uq.py``'s saved results of the data set's two benchmarks; the other
+    data set's OOD columns are empty."""
+    benches, ood = DATASETS[data]["benchmarks"], DATASETS[data]["ood"]
+    return {col: (float(results[benches[b]][i][key]) if col.startswith(("test/", f"ood/{ood}/")) else "")
+            for col, (b, i, key) in THEIRS.items()}
 
 
 def run_config(repo: Path, method: str, data_root: Path, models_root: Path, seed: int) -> dict:
@@ -112,11 +171,11 @@ def run_config(repo: Path, method: str, data_root: Path, models_root: Path, seed
     return config
 
 
-def theirs_command(method: str, seed: int) -> str:
+def theirs_command(data: str, method: str, seed: int) -> str:
     what = ("method: ensemble, nr_components: 5" if method == "de" else
             f"{MOLA_CONFIG} with method: mola, nr_components: 5, optimize_prior_precision: null")
     return " ; ".join(f"uq.py --benchmark {b} --config <{what}, data_root/models_root ours, model_seed: {seed}>"
-                      for b in BENCHMARKS)
+                      for b in DATASETS[data]["benchmarks"])
 
 
 def ours_row(metrics: dict[str, float], method: str) -> dict[str, float | str]:
@@ -138,15 +197,15 @@ def set_member_seed(cfg, k: int) -> None:
     cfg.data.seed = seed
 
 
-def mnist_jobs(sweep_dir: Path) -> dict[int, Path]:
-    """``{seed: job folder}`` of the sweep's ``data=mnist`` MoLA jobs."""
+def mola_jobs(sweep_dir: Path) -> dict[tuple[str, int], Path]:
+    """``{(data, seed): job folder}`` of the sweep's MoLA jobs."""
     jobs = {}
     for cfg_path in sorted(sweep_dir.glob("*/config_resolved.yaml")):
         cfg = OmegaConf.load(cfg_path)
-        if cfg.data.name == "mnist" and cfg.method_name == "mola":
-            jobs[int(cfg.seed)] = cfg_path.parent
+        if cfg.method_name == "mola":
+            jobs[str(cfg.data.name), int(cfg.seed)] = cfg_path.parent
     if not jobs:
-        raise FileNotFoundError(f"--sweep-dir {sweep_dir} has no data=mnist method_name=mola job folders")
+        raise FileNotFoundError(f"--sweep-dir {sweep_dir} has no method_name=mola job folders")
     return jobs
 
 
@@ -206,9 +265,9 @@ def ours_metrics(finder, members: list[tuple], out_dir: Path) -> dict[str, float
     eval_cfg.ood.far_away = False
     predictors = {"de": mixture_predictor(plugins, "classification"),
                   "mola": mixture_predictor(laplaces, "classification")}
-    ood = {k: v for k, v in dm0.ood_dataloaders().items() if k == "fashion_mnist"}
+    ood = {k: v for k, v in dm0.ood_dataloaders().items() if k == DATASETS[str(cfg0.data.name)]["ood"]}
     return run_evaluation(eval_cfg, "classification", predictors, dm0.test_dataloader(), ood_loaders=ood,
-                          attack_model=members[0][2].model, out_dir=out_dir, dataset="mnist",
+                          attack_model=members[0][2].model, out_dir=out_dir, dataset=str(cfg0.data.name),
                           input_range=dm0.input_range)
 
 
@@ -225,20 +284,47 @@ def our_commit() -> str:
 def portable_command(args) -> str:
     return ("PYTHONPATH=src python experiments/eschenhagen2021/peer/run_authors_mola.py --authors-repo <checkout> "
             f"--authors-python <venv>/bin/python --sweep-dir <outputs>/{args.sweep_dir.parent.name}/"
-            f"{args.sweep_dir.name} --seeds {args.seeds}")
+            f"{args.sweep_dir.name} --data {args.data} --seeds {args.seeds}")
 
 
 def header(args, jobs_commit: str) -> list[str]:
     return [f"{uq.AUTHORS_REPO} uq.py at {uq.AUTHORS_COMMIT} (--method ensemble / mola, --nr_components 5), run "
-            f"here on the 5 members of our {args.sweep_dir.parent.name} MNIST jobs ({jobs_commit[:7]}) by "
+            f"here on the 5 members of our {args.sweep_dir.parent.name} jobs ({jobs_commit[:7]}) by "
             "experiments/eschenhagen2021/peer/run_authors_mola.py (columns: laplace_lab.reporting.peer_pairs)",
-            "run-time patch: " + " | ".join(f"{rel}: {old.strip()!r} -> {new.strip()!r}" for rel, old, new in uq.PATCH),
+            "run-time patch: " + " | ".join(f"{rel}: {old.strip()!r} -> {new.strip()!r}" for rel, old, new in PATCH),
             f"mola: {MOLA_CONFIG} (last-layer KFAC-GGN, GLM probit) with optimize_prior_precision: null (uq.py "
             f"refuses a prior optimiser for mola): fixed prior precision {FIXED_PRIOR} for every member, on both "
             "sides (ours: fit_posthoc_laplace with marglik.posthoc_prior=none; the table's MoLA tunes it by marglik)",
-            "test/*: MNIST test split of uq.py (8000 images: hold_out_test 2000, seed 42); test/ece_redux: "
-            "utils.get_calib (M=100); ood/fashion_mnist/*: all 10k FashionMNIST test images",
+            "test/*: the data set's test split of uq.py (8000 images: hold_out_test 2000, seed 42); test/ece_redux: "
+            "utils.get_calib (M=100); ood/<set>/*: all 10k test images of the other data set",
             f"command: {portable_command(args)}"]
+
+
+def write(args, rows: list[dict], jobs_commit: str) -> None:
+    rows.sort(key=lambda r: list(DATASETS).index(r["data"]))  # write_csv's sort is stable: data within method
+    uq.write_csv(args.out, rows, header(args, jobs_commit), methods=METHODS, columns=COLUMNS)
+
+
+def run_theirs(args, repo: Path, data: str, seed: int, members: list[tuple], commit: str) -> list[dict]:
+    """The ``theirs`` rows of one data set and seed: the members written where ``uq.py`` loads
+    them, then ``uq.py`` for ``de`` and ``mola`` on the data set's two benchmarks."""
+    models_root = args.work_dir / "models"
+    for k, member in enumerate(members):
+        path = member_path(models_root, data, seed, k)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(member_state_dict(member[2].model, data), path)
+    rows = []
+    for method in METHODS:
+        results = {}
+        for bench in DATASETS[data]["benchmarks"]:
+            start = time.time()
+            config = run_config(repo, method, args.data_dir, models_root, seed)
+            results[bench] = uq.run_uq(args.authors_python, repo, args.work_dir, f"{method}_{bench}_{seed}", bench,
+                                       config)
+            print(f"{data} seed {seed} theirs {method} {bench}: {time.time() - start:.0f} s", flush=True)
+        rows.append({"side": "theirs", "seed": seed, "data": data, "method": method, "commit": commit,
+                     "command": theirs_command(data, method, seed), **theirs_row(data, results)})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -249,65 +335,56 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--map-cache-dir", type=Path, default=None, help="default: the jobs' map_cache.dir")
     p.add_argument("--data-dir", type=Path, default=os.environ.get("LAPLACE_LAB_DATA_DIR"))
     p.add_argument("--work-dir", type=Path, default=Path("outputs/authors_mola_work"))
+    p.add_argument("--data", default=",".join(DATASETS), help=f"comma-separated, from {list(DATASETS)}")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--allow-other-commit", action="store_true", help="run a checkout at another commit")
     args = p.parse_args(argv)
     if args.data_dir is None:
         p.error("--data-dir: give the data folder (or set LAPLACE_LAB_DATA_DIR)")
+    datasets = args.data.split(",")
+    bad = [d for d in datasets if d not in DATASETS]
+    if bad:
+        p.error(f"--data: {bad} are not supported; allowed: {list(DATASETS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
     commit = uq.git_head(args.authors_repo)
     if commit != uq.AUTHORS_COMMIT and not args.allow_other_commit:
         p.error(f"--authors-repo is at {commit}, not {uq.AUTHORS_COMMIT} (--allow-other-commit to run it anyway)")
-    jobs = mnist_jobs(args.sweep_dir)
-    missing = [s for s in seeds if s not in jobs or not (jobs[s] / "metrics.json").exists()]
+    jobs = mola_jobs(args.sweep_dir)
+    todo = [(d, s) for d in datasets for s in seeds]
+    missing = [ds for ds in todo if ds not in jobs or not (jobs[ds] / "metrics.json").exists()]
     if missing:
-        p.error(f"--seeds: {missing} have no finished data=mnist job in {args.sweep_dir}; there: {sorted(jobs)}")
+        p.error(f"--data/--seeds: {missing} have no finished MoLA job in {args.sweep_dir}; there: {sorted(jobs)}")
     ours_commit = our_commit()
     args.work_dir, args.data_dir = args.work_dir.resolve(), args.data_dir.resolve()
-    repo = uq.patched_copy(args.authors_repo, args.work_dir)
-    models_root = args.work_dir / "models"
+    repo = uq.patched_copy(args.authors_repo, args.work_dir, PATCH)
     finder = uq._load_finder()
     torch.set_num_threads(1)
     rows = uq.read_csv(args.out)
-    for seed in seeds:
-        done = {r["side"] for r in rows if int(r["seed"]) == seed}
+    for data, seed in todo:
+        done = {r["side"] for r in rows if r["data"] == data and int(r["seed"]) == seed}
         if done >= {"ours", "theirs"}:
-            print(f"seed {seed}: in {args.out}, skipped", flush=True)
+            print(f"{data} seed {seed}: in {args.out}, skipped", flush=True)
             continue
-        job = jobs[seed]
+        job = jobs[data, seed]
         members = load_members(finder, job, args.map_cache_dir, args.data_dir)
-        job_metrics = json.loads((job / "metrics.json").read_text())
-        check = ensemble_check(members, job_metrics)
-        print(f"seed {seed}: members {[m[3].name for m in members]} ({members[0][4]}); DE on 10k test {check} "
-              "= the job's", flush=True)
+        check = ensemble_check(members, json.loads((job / "metrics.json").read_text()))
+        print(f"{data} seed {seed}: members {[m[3].name for m in members]} ({members[0][4]}); DE on the full test "
+              f"set {check} = the job's", flush=True)
         if "ours" not in done:
             start = time.time()
             with tempfile.TemporaryDirectory() as tmp:
                 metrics = ours_metrics(finder, members, Path(tmp))
-            print(f"seed {seed} ours de+mola: {time.time() - start:.0f} s", flush=True)
+            print(f"{data} seed {seed} ours de+mola: {time.time() - start:.0f} s", flush=True)
             command = (f"our de/mola of the 5 members of `{uq.job_command(job)}` (job {uq.job_commit(job)[:7]}), "
                        f"Laplace at fixed prior precision {FIXED_PRIOR}: {portable_command(args)}")
-            rows += [{"side": "ours", "seed": seed, "method": m, "commit": ours_commit, "command": command,
-                      **ours_row(metrics, m)} for m in METHODS]
-            uq.write_csv(args.out, rows, header(args, uq.job_commit(job)), methods=METHODS, columns=COLUMNS)
+            rows += [{"side": "ours", "seed": seed, "data": data, "method": m, "commit": ours_commit,
+                      "command": command, **ours_row(metrics, m)} for m in METHODS]
+            write(args, rows, uq.job_commit(job))
         if "theirs" not in done:
-            for k, member in enumerate(members):
-                path = member_path(models_root, seed, k)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                torch.save(uq.to_authors_state_dict(member[2].model), path)
-            for method in METHODS:
-                results = {}
-                for bench in BENCHMARKS:
-                    start = time.time()
-                    config = run_config(repo, method, args.data_dir, models_root, seed)
-                    results[bench] = uq.run_uq(args.authors_python, repo, args.work_dir, f"{method}_{bench}_{seed}",
-                                               bench, config)
-                    print(f"seed {seed} theirs {method} {bench}: {time.time() - start:.0f} s", flush=True)
-                rows.append({"side": "theirs", "seed": seed, "method": method, "commit": commit,
-                            "command": theirs_command(method, seed), **uq.theirs_row(results)})
-        uq.write_csv(args.out, rows, header(args, uq.job_commit(job)), methods=METHODS, columns=COLUMNS)
-        print(f"seed {seed}: written to {args.out}", flush=True)
+            rows += run_theirs(args, repo, data, seed, members, commit)
+            write(args, rows, uq.job_commit(job))
+        print(f"{data} seed {seed}: written to {args.out}", flush=True)
 
 
 if __name__ == "__main__":
