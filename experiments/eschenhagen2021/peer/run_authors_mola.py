@@ -50,11 +50,9 @@ Resumable: a (side, seed) whose rows are in the CSV is skipped. From the reposit
 
 from __future__ import annotations
 
-import argparse
 import functools
 import importlib.util
 import json
-import os
 import subprocess
 import tempfile
 import time
@@ -328,28 +326,16 @@ def run_theirs(args, repo: Path, data: str, seed: int, members: list[tuple], com
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--authors-repo", type=Path, required=True, help=f"a checkout of {uq.AUTHORS_REPO}")
-    p.add_argument("--authors-python", type=Path, required=True, help="the python of the environment that runs it")
-    p.add_argument("--sweep-dir", type=Path, required=True, help="the eschenhagen2021_mnist_cpu multirun folder")
-    p.add_argument("--map-cache-dir", type=Path, default=None, help="default: the jobs' map_cache.dir")
-    p.add_argument("--data-dir", type=Path, default=os.environ.get("LAPLACE_LAB_DATA_DIR"))
-    p.add_argument("--work-dir", type=Path, default=Path("outputs/authors_mola_work"))
+    p = uq.peer_parser(__doc__.split("\n\n")[0], "the eschenhagen2021_mnist_cpu multirun folder",
+                       "outputs/authors_mola_work", DEFAULT_OUT)
     p.add_argument("--data", default=",".join(DATASETS), help=f"comma-separated, from {list(DATASETS)}")
-    p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--allow-other-commit", action="store_true", help="run a checkout at another commit")
     args = p.parse_args(argv)
-    if args.data_dir is None:
-        p.error("--data-dir: give the data folder (or set LAPLACE_LAB_DATA_DIR)")
     datasets = args.data.split(",")
     bad = [d for d in datasets if d not in DATASETS]
     if bad:
         p.error(f"--data: {bad} are not supported; allowed: {list(DATASETS)}")
+    commit = uq.checked_authors_commit(p, args)
     seeds = [int(s) for s in args.seeds.split(",")]
-    commit = uq.git_head(args.authors_repo)
-    if commit != uq.AUTHORS_COMMIT and not args.allow_other_commit:
-        p.error(f"--authors-repo is at {commit}, not {uq.AUTHORS_COMMIT} (--allow-other-commit to run it anyway)")
     jobs = mola_jobs(args.sweep_dir)
     todo = [(d, s) for d in datasets for s in seeds]
     missing = [ds for ds in todo if ds not in jobs or not (jobs[ds] / "metrics.json").exists()]

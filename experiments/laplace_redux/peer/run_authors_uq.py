@@ -262,24 +262,38 @@ def portable_command(args) -> str:
             f"--authors-python <venv>/bin/python --sweep-dir {shown} --seeds {args.seeds}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def peer_parser(description: str, sweep_help: str, work_dir: str, out: Path) -> argparse.ArgumentParser:
+    """The options every authors'-code peer script takes (checkout, its python, our sweep, folders, seeds)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--authors-repo", type=Path, required=True, help=f"a checkout of {AUTHORS_REPO}")
     p.add_argument("--authors-python", type=Path, required=True, help="the python of the environment that runs it")
-    p.add_argument("--sweep-dir", type=Path, required=True, help="our redux_mnist jobs (la, la_star) of the cut")
-    p.add_argument("--map-cache-dir", type=Path, default=None)
+    p.add_argument("--sweep-dir", type=Path, required=True, help=sweep_help)
+    p.add_argument("--map-cache-dir", type=Path, default=None, help="default: the jobs' map_cache.dir")
     p.add_argument("--data-dir", type=Path, default=os.environ.get("LAPLACE_LAB_DATA_DIR"))
-    p.add_argument("--work-dir", type=Path, default=Path("outputs/authors_uq_work"))
+    p.add_argument("--work-dir", type=Path, default=Path(work_dir))
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--out", type=Path, default=out)
     p.add_argument("--allow-other-commit", action="store_true", help="run a checkout at another commit")
-    args = p.parse_args(argv)
+    return p
+
+
+def checked_authors_commit(p: argparse.ArgumentParser, args) -> str:
+    """The checkout's commit; a usage error without a data folder or at another commit than
+    ``AUTHORS_COMMIT`` (unless ``--allow-other-commit``)."""
     if args.data_dir is None:
         p.error("--data-dir: give the data folder (or set LAPLACE_LAB_DATA_DIR)")
-    seeds = [int(s) for s in args.seeds.split(",")]
     commit = git_head(args.authors_repo)
     if commit != AUTHORS_COMMIT and not args.allow_other_commit:
         p.error(f"--authors-repo is at {commit}, not {AUTHORS_COMMIT} (--allow-other-commit to run it anyway)")
+    return commit
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = peer_parser(__doc__.split("\n\n")[0], "our redux_mnist jobs (la, la_star) of the cut", "outputs/authors_uq_work",
+                    DEFAULT_OUT)
+    args = p.parse_args(argv)
+    commit = checked_authors_commit(p, args)
+    seeds = [int(s) for s in args.seeds.split(",")]
     args.work_dir = args.work_dir.resolve()
     args.data_dir = args.data_dir.resolve()
     repo = patched_copy(args.authors_repo, args.work_dir)
