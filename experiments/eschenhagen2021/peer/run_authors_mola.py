@@ -1,18 +1,22 @@
 """The MoLA authors' own code, ``uq.py`` of runame/laplace-redux with ``--method ensemble`` and
 ``--method mola`` (``--nr_components 5``), run here on the 5 LeNet members of our
-``eschenhagen2021_mnist_cpu`` MNIST jobs, beside our deep ensemble (``de``) and MoLA (``mola``) of
-the same networks: the paired peer CSV ``authors_mola.csv`` (``laplace_lab.reporting.peer_pairs``
-format) that ``../reference.yaml`` judges.
+``eschenhagen2021_mnist_cpu`` jobs (MNIST and FashionMNIST), beside our deep ensemble (``de``) and
+MoLA (``mola``) of the same networks: the paired peer CSV ``authors_mola.csv``
+(``laplace_lab.reporting.peer_pairs`` format) that ``../reference.yaml`` judges.
 
 Nothing of the authors' repository is copied into this project: as
-``experiments/laplace_redux/peer/run_authors_uq.py`` (whose checkout check, run-time patch, layout
-conversion and ``uq.py`` runner this script imports), it takes a checkout (``--authors-repo``, at
-``AUTHORS_COMMIT``) and a Python that runs it (``--authors-python``; how to make one: that script's
-docstring), copies the checkout into ``--work-dir``, applies the same patch (R-MNIST at angle 0 only,
-MNIST-OOD without the EMNIST/KMNIST sets that are not available offline, the CIFAR Fixup import
-dropped) and runs, per seed::
+``experiments/laplace_redux/peer/run_authors_uq.py`` (whose options, checkout check, run-time patch,
+layout conversion and ``uq.py`` runner this script imports), it takes a checkout (``--authors-repo``,
+at ``AUTHORS_COMMIT``) and a Python that runs it (``--authors-python``; how to make one: that script's
+docstring), copies the checkout into ``--work-dir``, applies ``PATCH`` and runs, per data set and seed::
 
-    uq.py --benchmark {R-MNIST,MNIST-OOD} --config <config> --run_name <name>
+    uq.py --benchmark {R-MNIST,MNIST-OOD | R-FMNIST,FMNIST-OOD} --config <config> --run_name <name>
+
+``PATCH``: that script's (R-MNIST at angle 0 only, MNIST-OOD without the EMNIST/KMNIST sets that are
+not available offline, the CIFAR Fixup import dropped) and ``FMNIST_PATCH``: ``load_pretrained_model``
+loads ``lenet_fmnist/lenet_fmnist_<seed>.pt`` for every component (no component index: the authors'
+FashionMNIST mixture would be one network five times), patched to ``lenet_fmnist_<seed>_<k+1>.pt``,
+and the FashionMNIST data branch is cut as the MNIST one.
 
 ``de``: ``method: ensemble, nr_components: 5, model: LeNet`` (``run_uq_baselines.sh``'s deep-ensemble
 line; every other option at ``uq.py``'s defaults). ``mola``: the authors' LA config
@@ -20,32 +24,29 @@ line; every other option at ``uq.py``'s defaults). ``mola``: the authors' LA con
 1.``) with ``method: mola, nr_components: 5`` and ``optimize_prior_precision: null``: ``uq.py`` stops
 on ``mola`` with a prior optimiser ("optimizing the prior precision for MoLA is not supported yet"),
 so its MoLA uses the config's fixed prior precision 1 for every member. The repository has no MoLA
-config or script of its own (``run_uq_baselines.sh`` runs only ``ensemble``); the MoLA paper's setting
-could not be read offline.
+config or script of its own (``run_uq_baselines.sh`` runs only ``ensemble``), nor a FashionMNIST
+post-hoc config (the MNIST one is used for both); the MoLA paper's setting could not be read offline.
 
-Networks: member ``k`` of seed ``s`` is the MAP network our job ``data=mnist,seed=s`` trained with
+Networks: member ``k`` of seed ``s`` is the MAP network our job ``data=<d>,seed=s`` trained with
 seed ``s + 1000 k`` (``training/ensemble.py``), found in the MAP cache as
 ``../../laplace_redux/laplace_torch_reference.py`` finds a job's network (with the member's seed),
-checked by our deep ensemble's test accuracy and NLL on all 10k test images against the job's
-``test/de/*``, and written in the authors' layout to
-``<work-dir>/models/lenet_mnist/lenet_mnist_<s>_<k+1>`` (the files ``uq.py`` loads for ``model_seed: s``).
+checked by our deep ensemble's test accuracy and NLL on the full test set against the job's
+``test/de/*``, and written in the authors' layout where the patched ``uq.py`` loads it
+(``member_path``).
 
 Our side, with our library on the same images: ``de`` = ``mixture_predictor`` of the members'
 ``map_predictor``; ``mola`` = ``mixture_predictor`` of their ``laplace_predictor``, each Laplace fitted
 by ``fit_posthoc_laplace`` with the job's curvature and predictive (last-layer KFAC-GGN, probit) at
 the authors' fixed prior precision 1 (``marglik.posthoc_prior: none``; the table's own MoLA tunes each
 member's prior by marglik instead: not this row). Evaluated by ``run_evaluation`` on ``uq.py``'s
-8000-image MNIST test split (``hold_out_test(test, 2000)``: ``val_test_split`` with seed 42) and all
-10k FashionMNIST test images.
+8000-image test split (``hold_out_test(test, 2000)``: ``val_test_split`` with seed 42) and all 10k
+test images of the other data set (the OOD set).
 
-FashionMNIST (``R-FMNIST``/``FMNIST-OOD``) is not run: ``utils/utils.py load_pretrained_model`` loads
-``lenet_fmnist/lenet_fmnist_<seed>.pt`` for every component (no component index), so the authors'
-FashionMNIST mixture is one network five times; pairing it needs a patch of their model loading.
-
-Resumable: a (side, seed) whose rows are in the CSV is skipped. From the repository root::
+Resumable: a (data set, side, seed) whose rows are in the CSV is skipped. From the repository root::
 
     PYTHONPATH=src python experiments/eschenhagen2021/peer/run_authors_mola.py --authors-repo <checkout> \\
-        --authors-python <venv>/bin/python --sweep-dir <outputs>/eschenhagen2021_mnist_cpu/multirun --seeds 0,1,2
+        --authors-python <venv>/bin/python --sweep-dir <outputs>/eschenhagen2021_mnist_cpu/multirun \\
+        --data mnist,fashion_mnist --seeds 0,1,2
 """
 
 from __future__ import annotations
