@@ -250,15 +250,18 @@ def with_todays_root_options(cfg: DictConfig) -> tuple[DictConfig, list[str]]:
     return filled, missing
 
 
-def load_job_map(job_dir: Path, cache_dir: Path | None, data_dir: str | None = None):
+def load_job_map(job_dir: Path, cache_dir: Path | None, data_dir: str | None = None, edit=None):
     """Rebuild the job's data module and ``MAPModule`` and load its cached MAP network.
-    Returns ``(cfg, datamodule, module, entry, how)``."""
+    ``edit(cfg)``, where given, changes the job's resolved config in place first (e.g. an ensemble
+    member's seed). Returns ``(cfg, datamodule, module, entry, how)``."""
     from laplace_lab.config.load import load_run_config
     from laplace_lab.training.build import build
 
     cfg = OmegaConf.load(job_dir / "config_resolved.yaml")
     if data_dir is not None:
         cfg.paths.data_dir = cfg.data.data_dir = data_dir
+    if edit is not None:
+        edit(cfg)
     built, filled = with_todays_root_options(cfg)
     if filled:
         print(f"{job_dir.name}: root options newer than the job, at today's defaults for the rebuild: {filled}")

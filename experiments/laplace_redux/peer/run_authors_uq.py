@@ -109,6 +109,16 @@ def apply_patch(repo: Path, patch=PATCH) -> None:
         path.write_text(text.replace(old, new))
 
 
+def patched_copy(authors_repo: Path, work_dir: Path, patch=PATCH) -> Path:
+    """``<work_dir>/laplace-redux``: a copy of the checkout (no ``.git``) with ``patch`` applied,
+    made once (an existing copy is reused)."""
+    repo = work_dir / "laplace-redux"
+    if not repo.exists():
+        shutil.copytree(authors_repo, repo, ignore=shutil.ignore_patterns(".git"))
+        apply_patch(repo, patch)
+    return repo
+
+
 def patch_diff(patch=PATCH) -> str:
     """The patch as a unified-diff-like text (for the log and the CSV header)."""
     return "\n".join(f"--- {rel}\n-{old.rstrip()}\n+{new.rstrip()}" for rel, old, new in patch)
@@ -155,11 +165,12 @@ def read_csv(path: Path) -> list[dict]:
     return list(csv.DictReader(line for line in path.read_text().splitlines() if not line.startswith("#")))
 
 
-def write_csv(path: Path, rows: list[dict], header: list[str]) -> None:
-    rows = sorted(rows, key=lambda r: (r["side"], int(r["seed"]), list(METHODS).index(r["method"])))
+def write_csv(path: Path, rows: list[dict], header: list[str], methods=METHODS, columns=COLUMNS) -> None:
+    """The peer CSV: ``#`` header lines, then ``rows`` sorted by side, seed and ``methods`` order."""
+    rows = sorted(rows, key=lambda r: (r["side"], int(r["seed"]), list(methods).index(r["method"])))
     with path.open("w", newline="") as f:
         f.writelines(f"# {line}\n" for line in header)
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
+        writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
 
@@ -189,6 +200,24 @@ def job_command(job: Path) -> str:
     return "python -m laplace_lab.train " + " ".join(shlex.quote(o) for o in overrides)
 
 
+def run_uq(authors_python: Path, repo: Path, work_dir: Path, name: str, bench: str, config: dict) -> list[dict]:
+    """Run ``uq.py --benchmark bench`` in the patched copy ``repo`` with ``config`` written to
+    ``<work_dir>/configs/<name>.yaml`` (one thread, log in ``<work_dir>/logs/<name>.log``); returns
+    its saved results (one metrics dict per benchmark id)."""
+    config_path = work_dir / "configs" / f"{name}.yaml"
+    config_path.parent.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(yaml.safe_dump(config))
+    cmd = [str(authors_python), "uq.py", "--benchmark", bench, "--config", str(config_path), "--run_name", name]
+    log = work_dir / "logs" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    with log.open("w") as out:
+        proc = subprocess.run(cmd, cwd=repo, env=env, stdout=out, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"uq.py failed ({proc.returncode}): {shlex.join(cmd)}; see {log}")
+    return list(np.load(repo / "results" / f"{name}.npy", allow_pickle=True))
+
+
 def run_seed(args, finder, seed: int, jobs: dict[str, Path], repo: Path, commit: str) -> list[dict]:
     """Both sides' rows of one seed (runs ``uq.py`` six times)."""
     missing = [m for m in ("la", "la_star") if not (jobs.get(m) and (jobs[m] / "metrics.json").exists())]
@@ -206,25 +235,14 @@ def run_seed(args, finder, seed: int, jobs: dict[str, Path], repo: Path, commit:
     torch.save(to_authors_state_dict(module.model), models_root / "lenet_mnist" / f"lenet_mnist_{seed}_1")
     print(f"seed {seed}: MAP network {entry.name} ({how})", flush=True)
     rows = []
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
     for method in METHODS:
         results, commands = {}, []
         for bench in BENCHMARKS:
             name = f"{method}_{bench}_{seed}"
-            config_path = args.work_dir / "configs" / f"{name}.yaml"
-            config_path.parent.mkdir(parents=True, exist_ok=True)
-            config_path.write_text(yaml.safe_dump(run_config(repo, method, args.data_dir, models_root, seed)))
-            cmd = [str(args.authors_python), "uq.py", "--benchmark", bench, "--config", str(config_path),
-                   "--run_name", name]
-            log = args.work_dir / "logs" / f"{name}.log"
-            log.parent.mkdir(parents=True, exist_ok=True)
+            config = run_config(repo, method, args.data_dir, models_root, seed)
             start = time.time()
-            with log.open("w") as out:
-                proc = subprocess.run(cmd, cwd=repo, env=env, stdout=out, stderr=subprocess.STDOUT)
-            if proc.returncode != 0:
-                raise RuntimeError(f"uq.py failed ({proc.returncode}): {shlex.join(cmd)}; see {log}")
+            results[bench] = run_uq(args.authors_python, repo, args.work_dir, name, bench, config)
             print(f"seed {seed} {method} {bench}: {time.time() - start:.0f} s", flush=True)
-            results[bench] = list(np.load(repo / "results" / f"{name}.npy", allow_pickle=True))
             commands.append(f"uq.py --benchmark {bench} --config <{METHODS[method] or 'method: map'}, "
                             f"data_root/models_root ours, model_seed: {seed}>")
         rows.append({"side": "theirs", "seed": seed, "method": method, "commit": commit,
@@ -244,30 +262,41 @@ def portable_command(args) -> str:
             f"--authors-python <venv>/bin/python --sweep-dir {shown} --seeds {args.seeds}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def peer_parser(description: str, sweep_help: str, work_dir: str, out: Path) -> argparse.ArgumentParser:
+    """The options every authors'-code peer script takes (checkout, its python, our sweep, folders, seeds)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--authors-repo", type=Path, required=True, help=f"a checkout of {AUTHORS_REPO}")
     p.add_argument("--authors-python", type=Path, required=True, help="the python of the environment that runs it")
-    p.add_argument("--sweep-dir", type=Path, required=True, help="our redux_mnist jobs (la, la_star) of the cut")
-    p.add_argument("--map-cache-dir", type=Path, default=None)
+    p.add_argument("--sweep-dir", type=Path, required=True, help=sweep_help)
+    p.add_argument("--map-cache-dir", type=Path, default=None, help="default: the jobs' map_cache.dir")
     p.add_argument("--data-dir", type=Path, default=os.environ.get("LAPLACE_LAB_DATA_DIR"))
-    p.add_argument("--work-dir", type=Path, default=Path("outputs/authors_uq_work"))
+    p.add_argument("--work-dir", type=Path, default=Path(work_dir))
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--out", type=Path, default=out)
     p.add_argument("--allow-other-commit", action="store_true", help="run a checkout at another commit")
-    args = p.parse_args(argv)
+    return p
+
+
+def checked_authors_commit(p: argparse.ArgumentParser, args) -> str:
+    """The checkout's commit; a usage error without a data folder or at another commit than
+    ``AUTHORS_COMMIT`` (unless ``--allow-other-commit``)."""
     if args.data_dir is None:
         p.error("--data-dir: give the data folder (or set LAPLACE_LAB_DATA_DIR)")
-    seeds = [int(s) for s in args.seeds.split(",")]
     commit = git_head(args.authors_repo)
     if commit != AUTHORS_COMMIT and not args.allow_other_commit:
         p.error(f"--authors-repo is at {commit}, not {AUTHORS_COMMIT} (--allow-other-commit to run it anyway)")
+    return commit
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = peer_parser(__doc__.split("\n\n")[0], "our redux_mnist jobs (la, la_star) of the cut", "outputs/authors_uq_work",
+                    DEFAULT_OUT)
+    args = p.parse_args(argv)
+    commit = checked_authors_commit(p, args)
+    seeds = [int(s) for s in args.seeds.split(",")]
     args.work_dir = args.work_dir.resolve()
     args.data_dir = args.data_dir.resolve()
-    repo = args.work_dir / "laplace-redux"
-    if not repo.exists():
-        shutil.copytree(args.authors_repo, repo, ignore=shutil.ignore_patterns(".git"))
-        apply_patch(repo)
+    repo = patched_copy(args.authors_repo, args.work_dir)
     print("run-time patch:\n" + patch_diff(), flush=True)
     finder = _load_finder()
     jobs = finder.sweep_jobs(args.sweep_dir)
