@@ -10,16 +10,18 @@ the 10000 test images), same recipe as ``immer2021_images_cpu`` at that cut: Ada
 decay to 1e-6 stepped after every batch (laplace-torch steps its scheduler per batch), batch 128,
 layerwise prior from 27.5, K=100 hyper steps at lr_hyp 1.0 every epoch from epoch 0 (F=1, B=0); the
 best-marglik network and prior are returned (laplace-torch's rule, as ours). Temperature 1 (fixed,
-as both codes' default). Our side at the same cut:
+as both codes' default). The cut both sides run (the defaults: 5000 images, 10 epochs) and our side
+of it, preset ``immer2021_images_peer_cut``:
 
-    python -m laplace_lab.train experiment=immer2021_images_cpu method=online_kron data=<mnist|fashion_mnist> \\
-        model=<lenet|mlp_500_300> seed=<s> data.n_train_subset=<N> trainer.max_epochs=<E> lr_scheduler=cosine_per_step
-
-    PYTHONPATH=src python experiments/immer2021/peer/marglik_images_peer.py --data mnist --models lenet \\
-        --seeds 0,1 --n-train 5000 --epochs 10
+    PYTHONPATH=src python experiments/immer2021/peer/marglik_images_peer.py --data mnist,fashion_mnist \\
+        --models lenet,mlp_500_300 --seeds 0,1,2
+    python -m laplace_lab.train experiment=immer2021_images_peer_cut
+    python -m laplace_lab.reporting.tables --preset immer2021_images_peer_cut <sweep folder> --results-dir <dir>
+    PYTHONPATH=src python experiments/immer2021/peer/marglik_images_peer.py --add-ours <dir>/immer2021_images_peer_cut.jobs.csv
 
 Metrics: ``test/la/{acc,nll,ece}``, ``test/map/{acc,nll,ece}`` (``laplace_lab.evaluation.metrics``),
-``laplace/log_marglik``. Resumes: rows already in ``--out`` are skipped.
+``laplace/log_marglik`` (of the returned Laplace, as ours: the best-marglik weights and prior refit).
+Resumes: rows already in ``--out`` are skipped.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -39,7 +43,10 @@ from laplace_lab.reporting.peer_csv import append_row, comma_choices
 MODELS = {"lenet": ("laplace_lab.models.lenet", "LeNet"), "mlp_500_300": ("laplace_lab.models.mlp", "MLP")}
 METRICS = ["test/la/acc", "test/la/nll", "test/la/ece", "test/map/acc", "test/map/nll", "test/map/ece",
            "laplace/log_marglik"]
-FIELDS = ["side", "seed", "commit", "command", "data", "model", "n_train", "epochs", "n_test", *METRICS, "wall_s"]
+# theirs/trace_best_log_marglik: -min of marglik_training's trace (every hyper step of every epoch)
+FIELDS = ["side", "seed", "commit", "command", "data", "model", "n_train", "epochs", "n_test", *METRICS,
+          "theirs/trace_best_log_marglik", "wall_s"]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def build_model(name: str, input_shape, num_outputs: int) -> torch.nn.Module:
@@ -47,7 +54,7 @@ def build_model(name: str, input_shape, num_outputs: int) -> torch.nn.Module:
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    conf_dir = str(Path(__file__).resolve().parents[3] / "conf")
+    conf_dir = str(ROOT / "conf")
     with initialize_config_dir(config_dir=conf_dir, version_base=None):
         cfg = compose(config_name="train", overrides=[f"model={name}"])
     return instantiate(cfg.model)(input_shape=input_shape, num_outputs=num_outputs)
@@ -86,33 +93,100 @@ def run_one(data: str, model_name: str, seed: int, args) -> dict:
     probs_la, probs_map = torch.cat(probs_la)[:len(y)], torch.cat(probs_map)[:len(y)]
     row = {f"test/la/{k}": v for k, v in classification_metrics(probs_la, y).items() if k in ("acc", "nll", "ece")}
     row |= {f"test/map/{k}": v for k, v in classification_metrics(probs_map, y).items() if k in ("acc", "nll", "ece")}
-    row["laplace/log_marglik"] = -min(margliks) if margliks else float("nan")
+    # the returned Laplace (best-marglik weights and prior, refit on the training rows), as ours
+    # logs laplace/log_marglik of its final Laplace at the best-marglik weights
+    row["laplace/log_marglik"] = la.log_marginal_likelihood().item()
+    row["theirs/trace_best_log_marglik"] = -min(margliks) if margliks else float("nan")
     row["wall_s"] = round(wall, 1)
     return row
+
+
+def our_commit() -> str:
+    """This checkout's commit (``+dirty`` when it has uncommitted changes), for the CSV's header."""
+    import subprocess
+
+    def git(*cmd: str) -> str:
+        return subprocess.run(["git", "-C", str(ROOT), *cmd], capture_output=True, text=True).stdout.strip()
+
+    return git("rev-parse", "HEAD") + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def start_csv(out: Path, peer_version: str, command: str) -> None:
+    """A new peer CSV: ``#`` lines saying what made it, then the header."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as f:
+        f.write(f"# immer2021 images peer: {peer_version} marglik_training (the authors' algorithm as their library\n"
+                "# ships it) at a CPU cut, evaluated with our metrics; side 'ours' rows: our jobs of the same cut\n"
+                "# (preset immer2021_images_peer_cut; their commit and command in the row, written by --add-ours).\n"
+                f"# Started by: {command}\n"
+                f"# at laplace-lab commit {our_commit()} (this script and the data module).\n")
+        csv.DictWriter(f, FIELDS).writeheader()
+
+
+def ours_peer_rows(jobs_csv: Path, n_train: int, epochs: int) -> list[dict]:
+    """``side=ours`` rows of an ``immer2021_images_peer_cut`` jobs CSV (its online_kron jobs; seed =
+    ``seed``); ``n_train`` / ``epochs``: the preset's cut, unless a job overrides
+    ``data.n_train_subset`` / ``trainer.max_epochs``."""
+    from laplace_lab.reporting.peer_ours import ours_rows
+
+    rows = ours_rows(jobs_csv, seed_key="seed",
+                     settings={"data": "data.name", "model": "model", "n_train": "data.n_train_subset",
+                               "epochs": "trainer.max_epochs"},
+                     metrics={**{m: m for m in METRICS}, "wall_s": "wall_s"}, where={"method_name": "online_kron"})
+    for row in rows:
+        row["n_train"] = row["n_train"] or n_train
+        row["epochs"] = row["epochs"] or epochs
+        row["n_test"] = 10000
+    return rows
+
+
+def add_ours(out: Path, jobs_csv: Path, n_train: int, epochs: int) -> None:
+    """Replace the ``side=ours`` rows of ``out`` by the online_kron jobs of ``jobs_csv``."""
+    lines = out.read_text().splitlines(keepends=True)
+    comments = [line for line in lines if line.startswith("#")]
+    kept = [r for r in csv.DictReader(line for line in lines if not line.startswith("#")) if r["side"] != "ours"]
+    rows = ours_peer_rows(jobs_csv, n_train, epochs)
+    with out.open("w", newline="") as f:
+        f.writelines(comments)
+        writer = csv.DictWriter(f, FIELDS)
+        writer.writeheader()
+        writer.writerows(kept + rows)
+    print(f"{out}: {len(rows)} ours rows from {jobs_csv}, {len(kept)} theirs rows kept")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default="mnist")
     parser.add_argument("--models", default="lenet,mlp_500_300")
-    parser.add_argument("--seeds", default="0,1")
+    parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--n-train", type=int, default=5000)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--n-test", type=int, default=None, help="first test images only (a smoke run); default all")
     parser.add_argument("--data-dir", default=os.environ.get("LAPLACE_LAB_DATA_DIR", "data"))
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("marglik_images.csv"))
+    parser.add_argument("--add-ours", type=Path, metavar="JOBS_CSV",
+                        help="instead of running: (re)write the side=ours rows of --out from this jobs CSV of "
+                             "immer2021_images_peer_cut (the <name>.jobs.csv that laplace_lab.reporting.tables writes)")
     args = parser.parse_args()
+    if args.add_ours:
+        if not args.out.exists():
+            parser.error(f"--add-ours: {args.out} does not exist (run the peer first)")
+        add_ours(args.out, args.add_ours, args.n_train, args.epochs)
+        return
     datasets = comma_choices(parser, "--data", args.data, ("mnist", "fashion_mnist"))
     models = comma_choices(parser, "--models", args.models, tuple(MODELS))
     torch.set_num_threads(1)
+    from importlib.metadata import version
+
+    peer_version = f"laplace-torch {version('laplace-torch')} (PyPI)"
     done = set()
     if args.out.exists():
         with args.out.open() as f:
             done = {(r["data"], r["model"], r["seed"], r["n_train"], r["epochs"])
-                    for r in csv.DictReader(line for line in f if not line.startswith("#"))}
-    from importlib.metadata import version
-
-    peer_version = f"laplace-torch {version('laplace-torch')} (PyPI)"
+                    for r in csv.DictReader(line for line in f if not line.startswith("#")) if r["side"] == "theirs"}
+    else:
+        start_csv(args.out, peer_version, "PYTHONPATH=src python experiments/immer2021/peer/marglik_images_peer.py "
+                  + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     for data in datasets:
         for model_name in models:
             for seed in [int(s) for s in args.seeds.split(",")]:
