@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[3]
 # that conf/experiment/immer2021_images_peer_cut.yaml has the same); the cut is --n-train / --epochs
 RECIPE = {"batch_size": 128, "lr": 1e-3, "eta_min": 1e-6, "lr_hyp": 1.0, "n_hypersteps": 100, "marglik_frequency": 1,
           "n_epochs_burnin": 0, "prior_prec_init": 27.5, "n_val": 5000}
+CUT = {"n_train": 5000, "epochs": 10}  # the defaults of --n-train / --epochs: immer2021_images_peer_cut's cut
 
 
 def build_model(name: str, input_shape, num_outputs: int) -> torch.nn.Module:
@@ -187,8 +188,8 @@ def main() -> None:
     parser.add_argument("--data", default="mnist")
     parser.add_argument("--models", default="lenet,mlp_500_300")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--n-train", type=int, default=5000)
-    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--n-train", type=int, default=CUT["n_train"])
+    parser.add_argument("--epochs", type=int, default=CUT["epochs"])
     parser.add_argument("--n-test", type=int, default=None, help="first test images only (a smoke run); default all")
     parser.add_argument("--check-images", type=int, default=128,
                         help="first test images that laplace-torch's own GLM predictive also predicts (a check of ours)")
