@@ -109,7 +109,10 @@ def run_one(data: str, model_name: str, seed: int, args) -> dict:
     dm.setup("fit")
     torch.manual_seed(seed)
     model = build_model(model_name, dm.input_shape, 10)
-    loader = dm.train_dataloader()
+    # a torch DataLoader reshuffled every epoch, as the authors' (dm.train_dataloader()'s sampler
+    # reshuffles only when a Lightning loop calls set_epoch, which marglik_training does not)
+    loader = torch.utils.data.DataLoader(dm.train_set, batch_size=RECIPE["batch_size"], shuffle=True,
+                                         generator=torch.Generator().manual_seed(seed))
     start = time.perf_counter()
     la, model, margliks, _ = marglik_training(
         model, loader, likelihood="classification", hessian_structure="kron", backend=AsdlGGN,
