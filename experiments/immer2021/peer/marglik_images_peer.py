@@ -1,7 +1,9 @@
 """End-to-end peer for the Immer et al. 2021 image tables: laplace-torch's ``marglik_training``
 (the authors' Algorithm 1 as their library ships it; aleximmer/marglik ``marglik.py`` is the same
 loop with an exponential lr decay by default) trains the network on our data at a CPU cut, and its
-Laplace (KFAC-GGN, GLM probit) and plug-in predictives are evaluated with our metrics. One row per
+Laplace (KFAC-GGN, GLM probit; computed by our engine at the learned prior and checked against
+laplace-torch's on the first test images, see ``evaluate``) and plug-in predictives are evaluated
+with our metrics. One row per
 data set, architecture and seed in the peer format of ``laplace_lab.reporting.peer_pairs``.
 
 Same data and cut as our side (``laplace_lab.data.VisionDataModule``: the first ``--n-train``
