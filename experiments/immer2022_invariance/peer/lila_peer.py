@@ -22,18 +22,24 @@ What is changed to run here (no copy of the authors' code; a checkout given by `
 - ``learned`` runs with ``--use_jvp`` (their ``marglik_opt_jvecprod``, the variant their README's
   MNIST MLP example uses): the default variant calls ``KronLaplace.fit_partial``, a method of the
   ``lila`` branch that the vendored fork does not have;
-- the cut: ``--subset_size``, ``--n_epochs``, ``--n_samples_aug``, ``--batch_size`` (the command
+- the cut: ``--subset_size``, ``--n_epochs``, ``--n_epochs_burnin``, ``--n_samples_aug``, ``--batch_size``,
+  ``--lr_aug`` / ``--lr_aug_min`` (the command
   line is in every row).
 
 Metrics: ``test/map/acc`` (the last epoch's test accuracy of the augmentation-averaged network,
-their ``valid_perfs[-1]``), ``augmentation/log_marglik`` (minus their best ``marglik``: the log
-marglik at the best epoch), ``augmentation/<name>`` (|eta| of their AffineLayer2d in the order
+their ``valid_perfs[-1]``), ``marglik/best_log_marglik`` (minus their best ``marglik``: the log
+marglik at the best epoch, as our ``OnlineMarglik``'s), ``augmentation/<name>`` (|eta| of their AffineLayer2d in the order
 translate_x, translate_y, rotation, scale_x, scale_y, shear).
 
     python experiments/immer2022_invariance/peer/lila_peer.py --repo <lila checkout> \\
         --data-root $LAPLACE_LAB_DATA_DIR --subset 312 --epochs 100 --samples 8 --seeds 0,1
 
-Resumes: rows already in ``--out`` are skipped. One torch thread.
+Resumes: rows already in ``--out`` are skipped. One torch thread. ``--add-ours <jobs CSV>`` instead
+(re)writes the ``side=ours`` rows from our ``immer2022_invariance_cpu`` jobs CSV (modes none and
+learned; ``fixed`` has no counterpart):
+
+    PYTHONPATH=src python experiments/immer2022_invariance/peer/lila_peer.py --repo <lila checkout> \\
+        --data-root $LAPLACE_LAB_DATA_DIR --add-ours results/immer2022_invariance_cpu.jobs.csv
 """
 
 from __future__ import annotations
@@ -52,15 +58,18 @@ VARIANTS = {"mnist": "none", "mnist_r180": "rotated_full", "mnist_r90": "rotated
 MODES = ("none", "learned")
 AUG_NAMES = ("translate_x", "translate_y", "rotation", "scale_x", "scale_y", "shear")
 COLUMNS = ["side", "seed", "commit", "command", "data.transform", "augmentation.mode", "subset", "epochs",
-           "test/map/acc", "augmentation/log_marglik", *[f"augmentation/{n}" for n in AUG_NAMES], "wall_s"]
+           "test/map/acc", "marglik/best_log_marglik", *[f"augmentation/{n}" for n in AUG_NAMES], "wall_s"]
 
 
 def lila_command(dataset: str, mode: str, seed: int, args) -> list[str]:
     cmd = ["classification_image.py", "--method", "avgfunc", "--dataset", dataset, "--n_epochs", str(args.epochs),
            "--device", "cpu", "--subset_size", str(args.subset), "--save", "--approx", "ggn_kron",
-           "--batch_size", str(args.batch_size or args.subset), "--seed", str(seed), "--data_root", str(args.data_root)]
+           "--batch_size", str(args.batch_size or args.subset), "--seed", str(seed), "--data_root", str(args.data_root),
+           "--n_epochs_burnin", str(args.burnin)]
     if mode == "learned":  # --use_jvp: see the module docstring (fit_partial)
         cmd += ["--n_samples_aug", str(args.samples), "--optimize_aug", "--use_jvp"]
+        if args.lr_aug is not None:  # constant: their cosine decay from --lr_aug to --lr_aug_min
+            cmd += ["--lr_aug", str(args.lr_aug), "--lr_aug_min", str(args.lr_aug)]
     else:
         cmd += ["--n_samples_aug", "1"]
     return cmd
@@ -89,13 +98,62 @@ def read_result(run_dir: Path) -> dict:
         result = pickle.load(f)
     row = {"test/map/acc": float(result["valid_perfs"][-1])}
     if "marglik" in result:
-        row["augmentation/log_marglik"] = -float(result["marglik"])
+        row["marglik/best_log_marglik"] = -float(result["marglik"])
     if "aug_optimum" in result:
         for name, value in zip(AUG_NAMES, result["aug_optimum"]):
             row[f"augmentation/{name}"] = abs(float(value))
     else:  # no augmentation learned: the ranges stay at their initial 0
         row.update({f"augmentation/{name}": 0.0 for name in AUG_NAMES})
     return row
+
+
+def shown_argv(argv: list[str]) -> str:
+    """The command line with the values of the machine paths (``--repo``, ``--data-root``,
+    ``--runs-dir``, ``--out``) replaced by ``<...>``: no machine path goes into a committed file."""
+    hidden = ("--repo", "--data-root", "--runs-dir", "--out")
+    out, skip = [], False
+    for token in argv:
+        name, sep, _ = token.partition("=")
+        if skip:
+            out.append("<" + out[-1].lstrip("-") + ">")
+            skip = False
+        elif name in hidden and sep:
+            out.append(f"{name}=<{name.lstrip('-')}>")
+        else:
+            out.append(token)
+            skip = token in hidden
+    return " ".join(out)
+
+
+def ours_peer_rows(jobs_csv: Path, subset: int, epochs: int) -> list[dict]:
+    """``side=ours`` rows of an ``immer2022_invariance_cpu`` jobs CSV: its ``none`` and ``learned``
+    jobs (seed = ``seed``), the metrics of ``COLUMNS``; ``subset`` / ``epochs``: the preset's cut."""
+    from laplace_lab.reporting.peer_ours import ours_rows
+
+    metrics = {c: c for c in COLUMNS[COLUMNS.index("test/map/acc"):]}
+    rows = []
+    for mode in MODES:
+        rows += ours_rows(jobs_csv, seed_key="seed", settings={"data.transform": "data.transform",
+                                                               "augmentation.mode": "augmentation.mode"},
+                          metrics=metrics, where={"augmentation.mode": mode})
+    for row in rows:
+        row["subset"], row["epochs"] = subset, epochs
+    return rows
+
+
+def add_ours(out: Path, jobs_csv: Path, subset: int, epochs: int) -> None:
+    """Replace the ``side=ours`` rows of ``out`` by the none/learned jobs of ``jobs_csv``."""
+    lines = out.read_text().splitlines(keepends=True)
+    comments = [line for line in lines if line.startswith("#")]
+    kept = [r for r in csv.DictReader(line for line in lines if not line.startswith("#")) if r["side"] != "ours"]
+    rows = ours_peer_rows(jobs_csv, subset, epochs)
+    with out.open("w", newline="") as f:
+        f.writelines(comments)
+        writer = csv.DictWriter(f, COLUMNS)
+        writer.writeheader()
+        for row in kept + rows:
+            writer.writerow({k: row.get(k, "") for k in COLUMNS})
+    print(f"{out}: {len(rows)} ours rows from {jobs_csv}, {len(kept)} theirs rows kept")
 
 
 def main() -> None:
@@ -108,13 +166,23 @@ def main() -> None:
     parser.add_argument("--subset", type=int, default=312)
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--samples", type=int, default=8, help="augmentation samples of the learned mode")
+    parser.add_argument("--burnin", type=int, default=10, help="their --n_epochs_burnin (epochs without marglik steps)")
+    parser.add_argument("--lr-aug", type=float, default=None,
+                        help="constant rate of the augmentation parameters (their --lr_aug = --lr_aug_min; default theirs, 0.05)")
     parser.add_argument("--batch-size", type=int, default=None, help="default: the subset (full batch, as theirs)")
     parser.add_argument("--runs-dir", type=Path, default=Path("outputs/lila_peer"))
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("lila.csv"))
+    parser.add_argument("--add-ours", type=Path, metavar="JOBS_CSV",
+                        help="instead of running: (re)write the side=ours rows of --out from this jobs CSV")
     args = parser.parse_args()
-    if args.epochs <= 10:
-        parser.error(f"--epochs must exceed the script's burn-in of 10 epochs (it takes the best marglik "
-                     f"after it); got {args.epochs}")
+    if args.add_ours:
+        if not args.out.exists():
+            parser.error(f"--add-ours: {args.out} does not exist (run the peer first)")
+        add_ours(args.out, args.add_ours, args.subset, args.epochs)
+        return
+    if not 0 <= args.burnin < args.epochs:
+        parser.error(f"--burnin must be in [0, --epochs) (the best marglik is taken after it); got --burnin "
+                     f"{args.burnin} with --epochs {args.epochs}")
     for name, allowed, value in (("--variants", VARIANTS, args.variants), ("--modes", MODES, args.modes)):
         unknown = [v for v in value.split(",") if v not in allowed]
         if unknown:
@@ -128,8 +196,14 @@ def main() -> None:
                 done.add((rec["data.transform"], rec["augmentation.mode"], rec["seed"], rec["subset"], rec["epochs"]))
     else:
         with args.out.open("w", newline="") as f:
+            ours = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
             f.write("# tychovdo/lila classification_image.py (MLP 784-1000-10 tanh, KFAC-GGN marglik) run here by\n"
-                    "# experiments/immer2022_invariance/peer/lila_peer.py at a CPU cut (subset, epochs in the rows)\n")
+                    "# experiments/immer2022_invariance/peer/lila_peer.py at a CPU cut (subset, epochs in the rows)\n"
+                    f"# their commit {commit[:7]}; deps: aleximmer/heteroscedastic-nn dependencies/laplace and\n"
+                    "# dependencies/asdl (see this script's docstring), torch/torchvision of its venv\n"
+                    f"# started by: lila_peer.py {shown_argv(sys.argv[1:])}\n"
+                    f"# at laplace-lab commit {ours}; side=ours rows: --add-ours (their commit in the row)\n")
             csv.DictWriter(f, COLUMNS).writeheader()
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(args.repo.resolve()))
     args.data_root = link_data_root(args.data_root, args.runs_dir)
