@@ -40,7 +40,7 @@ import torch
 
 from laplace_lab.data.vision import VisionDataModule
 from laplace_lab.evaluation.metrics import classification_metrics
-from laplace_lab.reporting.peer_csv import append_row, comma_choices
+from laplace_lab.reporting.peer_csv import append_row, comma_choices, replace_ours_rows
 
 MODELS = {"lenet": ("laplace_lab.models.lenet", "LeNet"), "mlp_500_300": ("laplace_lab.models.mlp", "MLP")}
 METRICS = ["test/la/acc", "test/la/nll", "test/la/ece", "test/map/acc", "test/map/nll", "test/map/ece",
@@ -176,16 +176,9 @@ def ours_peer_rows(jobs_csv: Path, n_train: int, epochs: int) -> list[dict]:
 
 def add_ours(out: Path, jobs_csv: Path, n_train: int, epochs: int) -> None:
     """Replace the ``side=ours`` rows of ``out`` by the online_kron jobs of ``jobs_csv``."""
-    lines = out.read_text().splitlines(keepends=True)
-    comments = [line for line in lines if line.startswith("#")]
-    kept = [r for r in csv.DictReader(line for line in lines if not line.startswith("#")) if r["side"] != "ours"]
     rows = ours_peer_rows(jobs_csv, n_train, epochs)
-    with out.open("w", newline="") as f:
-        f.writelines(comments)
-        writer = csv.DictWriter(f, FIELDS)
-        writer.writeheader()
-        writer.writerows(kept + rows)
-    print(f"{out}: {len(rows)} ours rows from {jobs_csv}, {len(kept)} theirs rows kept")
+    kept = replace_ours_rows(out, rows, FIELDS)
+    print(f"{out}: {len(rows)} ours rows from {jobs_csv}, {kept} theirs rows kept")
 
 
 def main() -> None:

@@ -143,17 +143,11 @@ def ours_peer_rows(jobs_csv: Path, subset: int, epochs: int) -> list[dict]:
 
 def add_ours(out: Path, jobs_csv: Path, subset: int, epochs: int) -> None:
     """Replace the ``side=ours`` rows of ``out`` by the none/learned jobs of ``jobs_csv``."""
-    lines = out.read_text().splitlines(keepends=True)
-    comments = [line for line in lines if line.startswith("#")]
-    kept = [r for r in csv.DictReader(line for line in lines if not line.startswith("#")) if r["side"] != "ours"]
+    from laplace_lab.reporting.peer_csv import replace_ours_rows
+
     rows = ours_peer_rows(jobs_csv, subset, epochs)
-    with out.open("w", newline="") as f:
-        f.writelines(comments)
-        writer = csv.DictWriter(f, COLUMNS)
-        writer.writeheader()
-        for row in kept + rows:
-            writer.writerow({k: row.get(k, "") for k in COLUMNS})
-    print(f"{out}: {len(rows)} ours rows from {jobs_csv}, {len(kept)} theirs rows kept")
+    kept = replace_ours_rows(out, rows, COLUMNS, extrasaction="ignore")
+    print(f"{out}: {len(rows)} ours rows from {jobs_csv}, {kept} theirs rows kept")
 
 
 def main() -> None:

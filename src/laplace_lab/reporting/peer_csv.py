@@ -1,5 +1,6 @@
-"""Pieces the laplace-torch peer scripts (``experiments/*/laplace_torch_reference.py``) share: their
-comma-separated choice options and their resumable CSV of one row per finished unit of work."""
+"""Pieces the peer scripts (``experiments/*/laplace_torch_reference.py``, ``experiments/*/peer/``) share:
+their comma-separated choice options, their resumable CSV of one row per finished unit of work, and
+the replacement of its ``side=ours`` rows."""
 
 from __future__ import annotations
 
@@ -29,3 +30,18 @@ def append_row(path: Path, row: dict, fields: Sequence[str], extrasaction: str =
         if new_file:
             writer.writeheader()
         writer.writerow(row)
+
+
+def replace_ours_rows(path: Path, rows: list[dict], fields: Sequence[str], extrasaction: str = "raise") -> int:
+    """Rewrite the peer CSV at ``path`` with its ``#`` comment lines and its rows of any other side
+    (``side != "ours"``) kept, then ``rows``; missing fields are written empty, ``extrasaction`` as
+    ``csv.DictWriter``'s. Returns the number of rows kept."""
+    lines = path.read_text().splitlines(keepends=True)
+    comments = [line for line in lines if line.startswith("#")]
+    kept = [r for r in csv.DictReader(line for line in lines if not line.startswith("#")) if r["side"] != "ours"]
+    with path.open("w", newline="") as f:
+        f.writelines(comments)
+        writer = csv.DictWriter(f, fieldnames=list(fields), extrasaction=extrasaction)
+        writer.writeheader()
+        writer.writerows(kept + rows)
+    return len(kept)
