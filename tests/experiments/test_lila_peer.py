@@ -51,3 +51,16 @@ def test_ours_rows_from_jobs_csv(tmp_path):
     assert sorted((r["augmentation.mode"], r["seed"]) for r in ours) == [
         ("learned", "0"), ("learned", "1"), ("none", "0"), ("none", "1")]
     assert [r["side"] for r in table.rows].count("theirs") == 1 and table.comments == ("theirs",)
+
+
+def test_resume_skips_only_the_authors_runs(tmp_path):
+    out = tmp_path / "lila.csv"
+    row = {c: "0.5" for c in PEER.COLUMNS}
+    lines = ["# provenance", ",".join(PEER.COLUMNS)]
+    for side, transform in (("theirs", "rotated_full"), ("ours", "none")):
+        row.update({"side": side, "seed": "0", "commit": "c", "command": "python x", "data.transform": transform,
+                    "augmentation.mode": "learned", "subset": "1000", "epochs": "25"})
+        lines.append(",".join(row[c] for c in PEER.COLUMNS))
+    out.write_text("\n".join(lines) + "\n")
+    assert PEER.done_runs(out) == {("rotated_full", "learned", "0", "1000", "25")}
+    assert PEER.done_runs(tmp_path / "missing.csv") == set()

@@ -150,6 +150,16 @@ def add_ours(out: Path, jobs_csv: Path, subset: int, epochs: int) -> None:
     print(f"{out}: {len(rows)} ours rows from {jobs_csv}, {kept} theirs rows kept")
 
 
+def done_runs(out: Path) -> set[tuple[str, ...]]:
+    """Keys ``(data.transform, augmentation.mode, seed, subset, epochs)`` of the authors' runs already in
+    ``out`` (``side == "theirs"`` only: our rows from ``--add-ours`` share the key columns)."""
+    if not out.exists():
+        return set()
+    with out.open() as f:
+        return {(rec["data.transform"], rec["augmentation.mode"], rec["seed"], rec["subset"], rec["epochs"])
+                for rec in csv.DictReader(line for line in f if not line.startswith("#")) if rec["side"] == "theirs"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", required=True, type=Path, help="checkout of tychovdo/lila")
@@ -183,12 +193,8 @@ def main() -> None:
             parser.error(f"{name}: {unknown} not supported; allowed: {list(allowed)}")
     commit = subprocess.run(["git", "-C", str(args.repo), "rev-parse", "HEAD"], capture_output=True, text=True,
                             check=True).stdout.strip()
-    done = set()
-    if args.out.exists():
-        with args.out.open() as f:
-            for rec in csv.DictReader(line for line in f if not line.startswith("#")):
-                done.add((rec["data.transform"], rec["augmentation.mode"], rec["seed"], rec["subset"], rec["epochs"]))
-    else:
+    done = done_runs(args.out)
+    if not args.out.exists():
         with args.out.open("w", newline="") as f:
             ours = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "--short", "HEAD"],
                                   capture_output=True, text=True, check=True).stdout.strip()
