@@ -291,6 +291,7 @@ def add_ours(out: Path, jobs_csvs: list[Path]) -> None:
     ``test/la_het_mean/ll`` has both closed forms; an older one (before ``predictive.het_approx``)
     logged the 'mean' form as ``test/la/ll``, which goes to ``test/la_het_mean/ll`` here."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "src"))
+    from laplace_lab.reporting.peer_csv import replace_ours_rows
     from laplace_lab.reporting.peer_ours import ours_rows, read_jobs
 
     by_key: dict = {}
@@ -307,16 +308,8 @@ def add_ours(out: Path, jobs_csvs: list[Path]) -> None:
                                  metrics=metrics, where={"method_name": method}):
                 by_key[(row["data"], row["method"], row["seed"])] = row
     rows = list(by_key.values())
-    with out.open() as f:
-        lines = f.read().splitlines(keepends=True)
-    comments = [line for line in lines if line.startswith("#")]
-    kept = [r for r in csv.DictReader(line for line in lines if not line.startswith("#")) if r["side"] != "ours"]
-    with out.open("w", newline="") as f:
-        f.writelines(comments)
-        writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(kept + rows)
-    print(f"{out}: {len(rows)} ours rows from {[str(p) for p in jobs_csvs]}, {len(kept)} theirs rows kept")
+    kept = replace_ours_rows(out, rows, COLUMNS, extrasaction="ignore")
+    print(f"{out}: {len(rows)} ours rows from {[str(p) for p in jobs_csvs]}, {kept} theirs rows kept")
 
 
 def _record_scale(repo: Path) -> None:
