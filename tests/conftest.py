@@ -43,6 +43,19 @@ def load_script(path: Path, name: str | None = None):
     return module
 
 
+def write_jobs_csv(path: Path, table: str, rows: list[dict]) -> Path:
+    """A ``<table>.jobs.csv`` as ``laplace_lab.reporting.tables`` writes it (``# table:`` line, then one
+    row per job with the columns of ``rows[0]``) at ``path``; returns ``path``."""
+    import csv
+
+    with path.open("w", newline="") as f:
+        f.write(f"# table: {table}\n")
+        writer = csv.DictWriter(f, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
 def compose_config(overrides: list[str] | tuple[str, ...] = ()):
     """Compose ``conf/train.yaml`` with ``overrides`` (no Hydra run directory)."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from laplace_lab.config.validation import validate_config
 from laplace_lab.reporting import peer_pairs
-from tests.conftest import compose_config, load_script
+from tests.conftest import compose_config, load_script, write_jobs_csv
 
 ROOT = Path(__file__).resolve().parents[2]
 PEER = load_script(ROOT / "experiments" / "immer2021" / "peer" / "marglik_images_peer.py")
@@ -50,12 +50,7 @@ def _jobs_csv(path: Path) -> Path:
     ]
     for i, row in enumerate(rows):
         row.update({m: str(0.1 * (i + 1)) for m in PEER.METRICS})
-    with path.open("w", newline="") as f:
-        f.write("# table: immer2021_images_peer_cut\n")
-        writer = csv.DictWriter(f, list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
+    return write_jobs_csv(path, "immer2021_images_peer_cut", rows)
 
 
 def test_ours_peer_rows_from_a_jobs_csv(tmp_path):

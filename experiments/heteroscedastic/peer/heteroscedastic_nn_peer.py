@@ -22,7 +22,8 @@ predictive's test log likelihood (``test/loglik_bayes``; heteroscedastic: ``het_
 ``test/map/rmse`` the predictive mean's RMSE; heteroscedastic rows also give the authors'
 ``het_approx='mean'`` form as ``test/la_het_mean/ll`` (our ``la_het_mean`` predictor) and their MC
 predictives under ``theirs/...``. ``--add-ours <jobs CSV>`` (re)writes the ``side=ours`` rows
-from a committed jobs CSV of ``heteroscedastic_uci`` (``laplace_lab.reporting.peer_ours``).
+from a committed jobs CSV of ``heteroscedastic_uci`` (``laplace_lab.reporting.peer_ours``), for the
+splits of ``--splits`` only (default 0-2, the splits the authors' code runs here).
 
     python experiments/heteroscedastic/peer/heteroscedastic_nn_peer.py --repo <checkout> \\
         --data-dir $LAPLACE_LAB_DATA_DIR/UCI --sets yacht --splits 0-2 --methods het_online
@@ -181,8 +182,8 @@ def main() -> None:
     parser.add_argument("--methods", default="het_online,online_full,map_grid")
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("heteroscedastic_nn.csv"))
     parser.add_argument("--add-ours", type=Path, nargs="+",
-                        help="heteroscedastic_uci jobs CSV(s): write their rows as side=ours (a later file's job "
-                             "replaces an earlier file's of the same set, method and split)")
+                        help="heteroscedastic_uci jobs CSV(s): write their rows of --splits as side=ours (a later "
+                             "file's job replaces an earlier file's of the same set, method and split)")
     parser.add_argument("--import-rows", type=Path,
                         help="a folder of '--one' logs named <set>_<split>_<method>.log (runs made elsewhere, e.g. "
                              "in parallel): append their rows as side=theirs (needs --repo for the commit)")
@@ -207,7 +208,7 @@ def main() -> None:
         return
 
     if args.add_ours:
-        add_ours(args.out, args.add_ours)
+        add_ours(args.out, args.add_ours, parse_range(args.splits))
         return
     theirs_commit = git_commit(args.repo)
     if args.import_rows:
@@ -285,9 +286,10 @@ def import_rows(out: Path, folder: Path, commit: str) -> None:
     print(f"{out}: {added} rows imported from {folder}")
 
 
-def add_ours(out: Path, jobs_csvs: list[Path]) -> None:
+def add_ours(out: Path, jobs_csvs: list[Path], splits: list[int] | None = None) -> None:
     """Replace the ``side=ours`` rows of ``out`` by the jobs of ``jobs_csvs`` (seed = split; a later
-    file's job replaces an earlier one's of the same set, method and split). A job that logged
+    file's job replaces an earlier one's of the same set, method and split); ``splits``: only the jobs of
+    these splits (the ones the authors' code runs; our table may hold more), all when None. A job that logged
     ``test/la_het_mean/ll`` has both closed forms; an older one (before ``predictive.het_approx``)
     logged the 'mean' form as ``test/la/ll``, which goes to ``test/la_het_mean/ll`` here."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "src"))
@@ -306,7 +308,8 @@ def add_ours(out: Path, jobs_csvs: list[Path]) -> None:
                 metrics["test/la/ll"] = "test/la/ll"
             for row in ours_rows(jobs_csv, seed_key="data.split", settings={"data": "data.name", "method": "method_name"},
                                  metrics=metrics, where={"method_name": method}):
-                by_key[(row["data"], row["method"], row["seed"])] = row
+                if splits is None or int(row["seed"]) in splits:
+                    by_key[(row["data"], row["method"], row["seed"])] = row
     rows = list(by_key.values())
     kept = replace_ours_rows(out, rows, COLUMNS, extrasaction="ignore")
     print(f"{out}: {len(rows)} ours rows from {[str(p) for p in jobs_csvs]}, {kept} theirs rows kept")
