@@ -6,6 +6,7 @@ developer machine, but they FAIL under CI (``CI`` set), so CI cannot pass withou
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import os
 from pathlib import Path
@@ -46,8 +47,6 @@ def load_script(path: Path, name: str | None = None):
 def write_jobs_csv(path: Path, table: str, rows: list[dict]) -> Path:
     """A ``<table>.jobs.csv`` as ``laplace_lab.reporting.tables`` writes it (``# table:`` line, then one
     row per job with the columns of ``rows[0]``) at ``path``; returns ``path``."""
-    import csv
-
     with path.open("w", newline="") as f:
         f.write(f"# table: {table}\n")
         writer = csv.DictWriter(f, list(rows[0]))
