@@ -20,7 +20,7 @@ from laplace_lab.reporting import results_summary as rs
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _table(name: str) -> dict[tuple, dict[str, tuple[float, float, int]]]:
     lines = [line for line in (ROOT / "results" / f"{name}.csv").read_text().splitlines() if not line.startswith("#")]
     rows = list(csv.DictReader(lines))
