@@ -277,6 +277,10 @@ def test_peer_code_margins_and_retired_rows_are_declared_in_the_file(tmp_path):
     assert loaded["retired"] == retired
     text = "\n".join(ref.to_markdown(ref.verdicts(loaded["references"], ROWS, GROUP_BY), ["f"], loaded["retired"]))
     assert "- `old`: LA NLL < MAP NLL. Retired because: the paper states no such ordering" in text
+    assert ref.load_reference(write(tmp_path, [q], findings=["ECE depends on its bins."]))["findings"] == [
+        "ECE depends on its bins."]
+    with pytest.raises(ref.ReferenceFileError, match=r"field `findings` must be a list of sentences"):
+        ref.load_reference(write(tmp_path, [q], findings="one string"))
     with pytest.raises(ref.ReferenceFileError, match=r"id 'q' is also an entry of `references`"):
         ref.load_reference(write(tmp_path, [q], retired=[dict(retired[0], id="q")]))
 

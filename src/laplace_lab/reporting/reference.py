@@ -64,7 +64,8 @@ FORMATS = (1, 2)
 KINDS = {1: ("value", "claim"), 2: ("paper", "peer", "claim")}
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
 TOP_KEYS = {1: ("preset", "references"),
-            2: ("format", "preset", "paper", "tables", "headline", "peers", "margins", "retired", "references")}
+            2: ("format", "preset", "paper", "tables", "headline", "findings", "peers", "margins", "retired",
+                "references")}
 FIELDS = {
     1: {"value": {"required": ("id", "kind", "row", "metric", "value", "tolerance", "source"),
                   "optional": ("order_group", "note")},
@@ -440,6 +441,10 @@ def load_reference(path: str | Path) -> dict[str, Any]:
     peers = _check_peers(path, data["peers"]) if "peers" in data else None
     margins = _check_margins(path, data["margins"]) if "margins" in data else None
     retired = _check_retired(path, data["retired"], seen) if "retired" in data else []
+    findings = data.get("findings", [])
+    if not isinstance(findings, list) or not all(_text(f) for f in findings):
+        raise ReferenceFileError(f"{path}: field `findings` must be a list of sentences (what a reader must know "
+                                 f"to read the verdicts), got {findings!r}")
     _attach_peer_specs(path, refs, peers, margins)
     for entry in refs:
         entry["_format"], entry["_file"] = fmt, path
@@ -447,7 +452,7 @@ def load_reference(path: str | Path) -> dict[str, Any]:
             entry["_margin"] = (entry["margin"], entry["margin_reason"], False)
     return {"format": fmt, "presets": tuple(presets), "preset": presets[0], "tables": tuple(tables),
             "paper": data.get("paper"), "headline": headline, "references": refs, "path": path,
-            "retired": retired}
+            "retired": retired, "findings": findings}
 
 
 def find_references(preset: str, experiments_dir: str | Path) -> list[dict[str, Any]]:

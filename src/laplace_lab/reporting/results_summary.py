@@ -187,6 +187,9 @@ def paper_section(folder: str, files: list[dict[str, Any]], results_dir: Path) -
     lines = [f"## {title}", "", f"Folder: [experiments/{folder}](../experiments/{folder}/); reference files: "
              + ", ".join(f"`{f['path'].name}`" for f in files) + ".", ""]
     judged = {id(f): judge_file(f, results_dir) for f in current}
+    findings = [x for f in current for x in f["findings"]]
+    if findings:
+        lines += ["Findings a reader needs to read these verdicts:", ""] + [f"- {x}" for x in findings] + [""]
     heads = [(h, judged[id(f)]) for f in current for h in (f["headline"] or [])]
     if heads:
         lines += ["Headline claims (verdicts of the rows that test them, over every table judged):", ""]
