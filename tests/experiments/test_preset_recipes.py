@@ -84,6 +84,7 @@ def test_redux_table2_is_the_authors_recipe():
         assert (cfg.curvature.subset_of_weights, cfg.curvature.hessian_structure, cfg.curvature.type) == (
             "all", structure, "ggn"), method
         assert (cfg.prior.structure, cfg.method_name) == ("layerwise", method)
+        assert cfg.trainer.accelerator == ("gpu" if structure == "full" else "auto"), method  # FULL: 15.8 GB P x P
         assert (cfg.predictive.pred_type, cfg.predictive.link_approx, cfg.predictive.n_samples) == ("glm", "mc", 100)
     sweep = yaml.safe_load((CONF_DIR / "experiment" / "redux_table2.yaml").read_text())["hydra"]["sweeper"]["params"]
     assert (sweep["method"], sweep["seed"]) == ("online_diag,online_kron,online_full", "0,1,2")
