@@ -145,10 +145,8 @@ class BatchChecks:
             self._add("targets y", ~_all_finite(y))
 
     def raise_if_any(self, n_data: int, loss: torch.Tensor) -> None:
-        """``ValueError`` for an empty fit, any bad batch or a non-finite summed ``loss`` (0-dim; the
-        one host read of the counts)."""
-        if n_data == 0:
-            raise ValueError(_empty("train_loader"))
+        """``ValueError`` for any bad batch or a non-finite summed ``loss`` (0-dim) over ``n_data`` data
+        (the one host read of the counts)."""
         names = list(self.counts)
         flags = torch.stack([*(self.counts[k].to(loss.device) for k in names),
                              (~torch.isfinite(loss.detach())).to(torch.int64)]).tolist()
@@ -164,16 +162,31 @@ class BatchChecks:
             raise ValueError(f"fit: the training loss is not finite ({float(loss):g}) over {n_data} data")
 
 
-def fit_complete(la) -> None:
-    """At ``fit_end``, before the structure's decompositions: the batch checks of ``la`` (a ``Laplace``),
-    then the curvature; on a ``ValueError`` the model's train/eval mode is restored first."""
+def _restoring_mode(la, check) -> None:
+    """``check()``; on a ``ValueError`` the train/eval mode ``fit_begin`` changed is restored first."""
     try:
-        la.batch_checks.raise_if_any(la.n_data, la.loss)
-        finite_curvature(la.structure)
+        check()
     except ValueError:
         if getattr(la, "_was_training", False):
             la.model.train()
         raise
+
+
+def data_seen(la) -> None:
+    """After ``fit``'s data pass: ``ValueError`` if ``train_loader`` yielded no datum (``la.n_data == 0``)."""
+    def check():
+        if la.n_data == 0:
+            raise ValueError(_empty("train_loader"))
+    _restoring_mode(la, check)
+
+
+def fit_complete(la) -> None:
+    """At ``fit_end``, before the structure's decompositions: the batch checks of ``la`` (a ``Laplace``),
+    then the curvature."""
+    def check():
+        la.batch_checks.raise_if_any(la.n_data, la.loss)
+        finite_curvature(la.structure)
+    _restoring_mode(la, check)
 
 
 def finite_curvature(structure) -> None:

@@ -415,10 +415,12 @@ class Laplace:
                 raise ValueError(f"override=False is not supported with hessian_structure={self.hessian_structure!r}")
             self.fit_begin()
             self.loss, self.n_data, self.n_outputs = self._structure.fit(self, train_loader)
+            checks.data_seen(self)
             return self.fit_end()
         self.fit_begin(override=override)
         for batch in train_loader:
             self.fit_batch(*self.unpack_batch(batch))
+        checks.data_seen(self)
         self.fit_end()
 
     def unpack_batch(self, batch) -> tuple:
