@@ -92,6 +92,18 @@ def test_temperature_must_be_positive_and_finite(value):
         compat.Laplace(mlp(), "classification", "all", "kron", temperature=value)
 
 
+def test_temperature_of_a_lazy_last_layer_flavour_is_checked_at_construction():
+    with pytest.raises(ValueError, match="temperature must be a finite number > 0; got 'warm'"):
+        compat.Laplace(mlp(), "classification", temperature="warm")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_prior_mean_must_be_finite(value):
+    with pytest.raises(ValueError, match="prior_mean must be finite; got 1 NaN/inf entries of 1"):
+        engine(prior_mean=value)
+    engine(prior_mean=-3.0)
+
+
 def test_hyperparameter_error_is_a_value_error():
     assert issubclass(HyperparameterError, ValueError)
     t = torch.tensor([0.5, 2.0], requires_grad=True)

@@ -43,6 +43,15 @@ def positive_finite(option: str, t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def finite(option: str, t: torch.Tensor) -> torch.Tensor:
+    """``t`` unchanged if every entry is finite, else a ``ValueError`` naming ``option``."""
+    d = t.detach()
+    if not bool(torch.isfinite(d).all()):
+        raise ValueError(f"{option} must be finite; got {int((~torch.isfinite(d)).sum())} NaN/inf entries of "
+                         f"{d.numel()}")
+    return t
+
+
 def temperature(value) -> float:
     """``value`` as a float if it is a finite number > 0, else a ``HyperparameterError``."""
     try:

@@ -73,7 +73,7 @@ class _Flavour(_Laplace):
         self.__dict__["_deferred"] = (likelihood, dict(kwargs))
         self.model, self.likelihood = model, likelihood
         self.mean = self.n_params = self.n_layers = None
-        self.temperature = float(kwargs.get("temperature", 1.0))
+        self.temperature = checks.temperature(kwargs.get("temperature", 1.0))
         self._prior_precision = kwargs.get("prior_precision", 1.0)
         self._prior_mean = kwargs.get("prior_mean", 0.0)
         self._sigma_noise = kwargs.get("sigma_noise", 1.0)

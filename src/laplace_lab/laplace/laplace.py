@@ -381,7 +381,7 @@ class Laplace:
         t = real_tensor("prior_mean", value, self._dtype).to(device=self._device, dtype=self._dtype).reshape(-1)
         if t.numel() not in (1, self.n_params):
             raise ValueError(f"prior_mean must be a float or have n_params={self.n_params} entries")
-        self._prior_mean = t
+        self._prior_mean = checks.finite("prior_mean", t)
 
     @property
     def sigma_noise(self) -> torch.Tensor:
