@@ -1,5 +1,5 @@
 """Options that bound each other and runs that would train nothing fail before any data loads, naming
-both options and the allowed values (issue 57, ``config.interplay``); a too-small UCI set says so."""
+both options and the allowed values (``config.interplay``); a too-small UCI set says so."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """MNIST / FashionMNIST files with a valid idx header and size but other bytes (random bytes, a replaced
-copy) are refused, naming the file (issue 57, ``data.checksums``); the standard files pass."""
+copy) are refused, naming the file (``data.checksums``); the standard files pass."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_sha256_follows_a_rewritten_file(tmp_path):
 
 
 def test_random_training_images_are_refused_by_the_loader(mnist_copy):  # noqa: F811
-    """The red team's case: the MNIST training images replaced by random bytes of the right layout."""
+    """The MNIST training images replaced by random bytes of the right layout."""
     from laplace_lab.data.vision import load_tensors
 
     images = mnist_copy / "train-images-idx3-ubyte"

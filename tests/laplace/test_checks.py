@@ -1,4 +1,4 @@
-"""The engine refuses nonsense (issue 57): every case a ``ValueError`` naming the argument and what it
+"""The engine refuses nonsense: every case a ``ValueError`` naming the argument and what it
 got, in the engine and through ``compat``; good inputs keep working (the checks can fail both ways)."""
 
 from __future__ import annotations
@@ -189,6 +189,8 @@ def test_nan_predictive_inputs():
     with pytest.raises(ValueError, match=r"x holds 1 non-finite entries"):
         la(Xn)
     assert la(X[:4]).shape == (4, 2)
+    with pytest.raises(ValueError, match=r"x must be a batch \[B, ...\] of at least one input; got shape \(0, 3\)"):
+        la(X[:0])
 
 
 def test_batch_checks_count_on_the_device_and_read_once():

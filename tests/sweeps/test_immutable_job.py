@@ -1,5 +1,5 @@
 """A finished job whose folder cannot be written (read-only, or ``chattr +i``: a protected result) is
-skipped by a relaunch with a warning, not a traceback that aborts the sweep (issue 57)."""
+skipped by a relaunch with a warning, not a traceback that aborts the sweep."""
 
 from __future__ import annotations
 

@@ -97,7 +97,10 @@ def model_output(out, where: str = "fit") -> None:
 
 
 def finite_inputs(option: str, x) -> None:
-    """``ValueError`` if the floating-point tensor ``x`` holds NaN or inf (one reduction, one host read)."""
+    """``ValueError`` if the tensor ``x`` ``[B, ...]`` has no rows or, floating point, holds NaN or inf
+    (one reduction, one host read)."""
+    if isinstance(x, torch.Tensor) and (x.ndim == 0 or x.shape[0] == 0):
+        raise ValueError(f"{option} must be a batch [B, ...] of at least one input; got shape {tuple(x.shape)}")
     if isinstance(x, torch.Tensor) and x.is_floating_point() and not bool(torch.isfinite(x).all()):
         n = int((~torch.isfinite(x)).sum())
         raise ValueError(f"{option} holds {n} non-finite entries (NaN/inf) of shape {tuple(x.shape)}")
