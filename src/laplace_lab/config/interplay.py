@@ -4,7 +4,9 @@
 Each option's own range is ``config.schema`` / ``config.values``; here two options together:
 
 - ``marglik.lr_hyp_min <= marglik.lr_hyp`` (the cosine schedule decays the rate to its minimum;
-  ``marglik.log_min < marglik.log_max`` is ``validation.check_laplace``'s);
+  ``marglik.log_min < marglik.log_max`` is ``validation.check_laplace``'s), and the initial
+  ``prior.prior_precision`` (and regression ``sigma_noise``) within ``exp([log_min, log_max])``, the
+  clamp range of online marglik (else the first step silently moves them to its edge);
 - ``lr_scheduler.eta_min <= optimizer.lr`` (a cosine schedule anneals *down* to ``eta_min``);
 - online marglik: ``marglik.burnin`` / ``marglik.frequency`` leave at least one marglik epoch within
   ``trainer.max_epochs`` (else the hyperparameters are never learned, yet reported as tuned);
@@ -15,6 +17,8 @@ Each raises ``ValueError`` naming both options, their values and the allowed val
 """
 
 from __future__ import annotations
+
+import math
 
 from laplace_lab.config.schema import RunConfig
 
@@ -39,6 +43,14 @@ def check_marglik_ranges(run: RunConfig) -> None:
     _require(m.lr_hyp_min is None or m.lr_hyp_min <= m.lr_hyp,
              f"marglik.lr_hyp_min={m.lr_hyp_min} is above marglik.lr_hyp={m.lr_hyp} (the schedule decays lr_hyp "
              f"down to lr_hyp_min); allowed: marglik.lr_hyp_min null or in [0, {m.lr_hyp}]")
+    values = {"prior.prior_precision": run.prior.prior_precision}
+    if m.optimize_sigma and run.likelihood in ("auto", "regression"):
+        values["sigma_noise"] = run.sigma_noise
+    for key, value in values.items():
+        _require(m.log_min <= math.log(value) <= m.log_max,
+                 f"{key}={value} lies outside the clamp range of online marglik, exp(marglik.log_min={m.log_min}) to "
+                 f"exp(marglik.log_max={m.log_max}); allowed: {key} in [{math.exp(m.log_min):.4g}, "
+                 f"{math.exp(m.log_max):.4g}] (or widen marglik.log_min / log_max)")
 
 
 def check_lr_schedule(run: RunConfig) -> None:
