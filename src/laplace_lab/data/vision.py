@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from laplace_lab.data.base import LabDataModule, split_off_validation
 from laplace_lab.data.checks import check_finite, check_idx_file, check_labels
+from laplace_lab.data.checksums import check_standard_file
 from laplace_lab.data.size_checks import check_validation_size
 from laplace_lab.data.transformed import check_transform, transform_images
 
@@ -120,7 +121,8 @@ def _split_files(name: str, root: Path, train: bool) -> list[Path]:
 def load_tensors(name: str, root: Path, train: bool, fake_size: int = 256) -> TensorDataset:
     """Load a split of ``name`` as a ``TensorDataset`` of float images ``[N, C, H, W]`` in [0, 1]
     and long labels ``[N]``. Corrupt files, non-finite pixels and labels outside
-    ``0..classes-1`` raise ``ValueError`` naming the file."""
+    ``0..classes-1`` raise ``ValueError`` naming the file, and so do MNIST / FashionMNIST files whose
+    bytes are not the standard files' (``checksums``)."""
     files = _split_files(name, root, train)
     for path in files:
         if "idx" in path.name:
@@ -150,6 +152,8 @@ def load_tensors(name: str, root: Path, train: bool, fake_size: int = 256) -> Te
     check_finite(images, "pixels", source)
     idx_labels = [f for f in files if "labels-idx" in f.name]
     check_labels(labels, VISION_DATASETS[name].classes, str(idx_labels[0]) if idx_labels else source)
+    for path in files:  # last: the specific errors above name what is wrong first
+        check_standard_file(name, path)
     return TensorDataset(images, labels)
 
 

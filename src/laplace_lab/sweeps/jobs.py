@@ -108,6 +108,17 @@ def _mark_interrupted(output_dir: Path, err: JobInterrupted, start: float | None
     log.error("Run in %s interrupted by %s: marked failed in %s", output_dir, err.signal_name, output_dir / STATUS_FILE)
 
 
+def record_skip(output_dir: Path, launch_id: str | None) -> None:
+    """Stamp a skipped finished job's ``status.json`` with this launch; a folder that cannot be written
+    (read-only or immutable: a protected finished result) is logged and the job stays skipped, its
+    metrics still read, instead of aborting the relaunch (the summary then counts it under its older launch)."""
+    try:
+        write_status(output_dir, last_launch_id=launch_id, last_action="skipped", skipped_at=now_iso())
+    except OSError as err:
+        log.warning("Skipped finished job in %s, but could not record the skip in its %s (%s: %s); its "
+                    "results are used as they are", output_dir, STATUS_FILE, type(err).__name__, err)
+
+
 def job_checkpoint_dir(dirpath: str, output_dir: Path, output_root: str | None) -> str:
     """A multirun job's own folder under an explicit ``checkpoint.dirpath``: ``<dirpath>/<the job's
     folder relative to paths.output_root>`` (experiment, sweep folder and job names; else the last
@@ -139,7 +150,7 @@ def _run_tracked(run_fn: RunFn, cfg: Any, output_dir: Path) -> float:
         (output_dir / "metrics.json").unlink()
     elif finished:
         log.info("Skipping job #%s %s: already finished in %s", hc.job.num, name, output_dir)
-        write_status(output_dir, last_launch_id=launch_id, last_action="skipped", skipped_at=now_iso())
+        record_skip(output_dir, launch_id)
         return objective(read_metrics(output_dir), key)
     set_aside_unreadable(output_dir)  # a cut-off status.json / metrics.json: named, kept aside, run again
     set_aside_earlier_runs(output_dir)

@@ -79,7 +79,7 @@ def train_map(run: RunConfig, output_dir: Path, loggers, loop: str | None = None
     cached = map_cache.cache_path(run, datamodule)
     if map_cache.load(module, cached):
         datamodule.setup("fit")
-        metrics = {"time/fit_s": 0.0, "map_cache/hit": 1.0}
+        metrics = {"time/fit_s": 0.0, "map_cache/hit": 1.0, **cached_validation(module, datamodule)}
     else:
         module.fit_clock_start = start
         if loop == "plain":  # (a run resuming from a checkpoint is never plain: loop_choice)
@@ -101,6 +101,18 @@ def train_map(run: RunConfig, output_dir: Path, loggers, loop: str | None = None
              "loaded from the MAP cache" if metrics.get("map_cache/hit") else "trained", trainer.current_epoch,
              trainer.global_step, metrics["time/fit_s"], f"{metrics['val/nll']:.4f}" if "val/nll" in metrics else "-")
     return datamodule, module, trainer, metrics
+
+
+def cached_validation(module: MAPCore, datamodule: LabDataModule) -> dict[str, float]:
+    """``val/nll`` of a network loaded from the MAP cache (no trainer ran, so no validation was logged):
+    the mean validation NLL over the whole validation set, as the last validation epoch logs it (the
+    sweep objective, Optuna's); ``{}`` for an empty validation set."""
+    from laplace_lab.training.map_grid import validation_nll  # (map_grid imports this module)
+
+    val = getattr(datamodule, "val_set", None)
+    if val is None or len(val) == 0:
+        return {}
+    return {"val/nll": validation_nll(module, datamodule)}
 
 
 def skipped_batches(module: MAPCore) -> dict[str, float]:
