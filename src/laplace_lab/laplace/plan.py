@@ -25,8 +25,10 @@ exceeds ``memory_budget`` times the memory available (``available_memory``: CUDA
 
 from __future__ import annotations
 
+import copy
 import math
 import time
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -143,8 +145,12 @@ def _first_input(x):
     """The first input of a batch: ``x[:1]`` (a tensor) or every tensor of a mapping sliced so."""
     if isinstance(x, torch.Tensor):
         return x[:1]
-    if isinstance(x, dict):
-        return {k: v[:1] if isinstance(v, torch.Tensor) else v for k, v in x.items()}
+    if isinstance(x, MutableMapping):  # the mapping's own type (a model may read it as such)
+        x1 = copy.copy(x)
+        for k, v in x.items():
+            if isinstance(v, torch.Tensor):
+                x1[k] = v[:1]
+        return x1
     raise ValueError(f"a plan needs a tensor or a dict batch to probe the model; got {type(x).__name__}")
 
 
