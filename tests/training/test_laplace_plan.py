@@ -44,3 +44,21 @@ def test_plan_command_prints_every_structure(capsys):
     assert {tuple(c.strip() for c in ln.split("|")[1:3]) for ln in rows} == {
         (s, sub) for s in ("diag", "full", "kron", "lowrank") for sub in ("all", "last_layer")}
     assert all(ln.rstrip(" |").endswith(("yes", "NO")) for ln in rows)
+
+
+def test_gpu_run_is_planned_against_the_gpu_without_a_cpu_time_probe(monkeypatch, caplog):
+    import torch
+
+    from laplace_lab.training import laplace_plan
+
+    seen = []
+    monkeypatch.setattr(laplace_plan, "resolve_device", lambda accelerator: torch.device("cuda", 0))
+    monkeypatch.setattr(plan, "available_memory", lambda device: seen.append(str(device)) or 64 * 2**30)
+    monkeypatch.setattr(plan, "probe_fit_time", lambda *a, **k: pytest.fail("timed on the CPU"))
+    run = run_config([*SINUSOID, "curvature.hessian_structure=kron", "curvature.subset_of_weights=all"])
+    datamodule, module = build(run, "plain")
+    with caplog.at_level(logging.INFO, logger="laplace_lab.training.laplace_plan"):
+        check_run_laplace(run, datamodule, module.model, module.likelihood)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Laplace plan:")]
+    assert "available on cuda:0" in line and "not probed (the network is on cpu" in line
+    assert set(seen) == {"cuda:0"}

@@ -343,15 +343,17 @@ def _last_layer_name(la) -> str | None:
     return next(n for n, m in la.model.named_modules() if m is module)
 
 
-def check_fit(la, X, memory_budget: float | None) -> MemoryPlan | None:
+def check_fit(la, X, memory_budget: float | None, device: torch.device | None = None) -> MemoryPlan | None:
     """``MemoryPlanError`` before any allocation when ``la``'s planned fit peak (batches like ``X``)
-    exceeds ``memory_budget`` times the available memory; returns the plan (``None``: no check)."""
+    exceeds ``memory_budget`` times the available memory of ``device`` (default: ``la``'s); returns
+    the plan (``None``: no check)."""
     if memory_budget is None:
         return None
     plan, probe = laplace_plan(la, X)
     if plan is None:
         return None
-    avail = available_memory(la.device)
+    device = device or la.device
+    avail = available_memory(device)
     limit = memory_budget * avail
     if plan.fit <= limit:
         return plan
@@ -365,7 +367,7 @@ def check_fit(la, X, memory_budget: float | None) -> MemoryPlan | None:
         f"hessian_structure={la.hessian_structure!r} with subset_of_weights={la.subset_of_weights!r} "
         f"({la.n_params:,} parameters, curvature={la.curvature!r}, batch {_batch_size(X)}) needs about "
         f"{human(plan.fit)} to fit" + (f" (largest part: {biggest} {human(plan.parts[biggest])})" if biggest else "")
-        + f", but memory_budget={memory_budget} of the {human(avail)} available on {la.device} is "
+        + f", but memory_budget={memory_budget} of the {human(avail)} available on {device} is "
         f"{human(limit)}. Alternatives that fit: {alt}. memory_budget=None skips this check.")
 
 

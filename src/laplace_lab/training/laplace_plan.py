@@ -18,6 +18,7 @@ from laplace_lab.data.base import LabDataModule
 from laplace_lab.laplace import Laplace, plan
 from laplace_lab.laplace.curvature import n_output_factors
 from laplace_lab.laplace.structures import STRUCTURES
+from laplace_lab.training.plain_loop import resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -98,14 +99,17 @@ def _check_run_laplace(run, datamodule, model, likelihood) -> None:
         return Laplace(model, likelihood, memory_budget=budget, **c.laplace_kwargs())
 
     la = make(plan.DEFAULT_MEMORY_BUDGET)
-    memory = plan.check_fit(la, X, la.memory_budget)  # raises MemoryPlanError, naming what fits
+    target = resolve_device(run.trainer.accelerator)  # where the Laplace is fitted, after training
+    memory = plan.check_fit(la, X, la.memory_budget, target)  # raises MemoryPlanError, naming what fits
     if memory is None:
         log.info("Laplace plan: %s %s %s declares no memory plan", c.subset_of_weights, c.hessian_structure, c.type)
         return
-    seconds = plan.probe_fit_time(make, X, y, n_batches)
-    log.info("Laplace plan: %s %s %s, %d batches of %d: fit peak ~%s (kept %s; %s available), fit ~%s",
+    # the time probe runs where the network is now: on the fit's device only
+    when = _seconds(plan.probe_fit_time(make, X, y, n_batches)) if target.type == device.type else \
+        f"not probed (the network is on {device.type} before training)"
+    log.info("Laplace plan: %s %s %s, %d batches of %d: fit peak ~%s (kept %s; %s available on %s), fit ~%s",
              c.subset_of_weights, c.hessian_structure, c.type, n_batches, X.shape[0], plan.human(memory.fit),
-             plan.human(memory.state), plan.human(plan.available_memory(device)), _seconds(seconds))
+             plan.human(memory.state), plan.human(plan.available_memory(target)), target, when)
 
 
 def _seconds(s: float) -> str:
