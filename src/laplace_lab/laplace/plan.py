@@ -29,7 +29,7 @@ import copy
 import math
 import time
 from collections.abc import MutableMapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -56,11 +56,6 @@ class LayerShape:
     positions: int  # output positions per input ``S`` (1 for a Linear on ``[N, D]``)
     numel: int  # parameters of the entry in the subset
     out_numel: int  # module output elements per input
-    kept_out: int = -1  # output-gradient elements kept per input and factor (-1: out_numel)
-
-    @property
-    def grad_numel(self) -> int:
-        return self.out_numel if self.kept_out < 0 else self.kept_out
 
 
 @dataclass(frozen=True)
@@ -81,14 +76,8 @@ class ModelShape:
 
     @property
     def recorded(self) -> int:
-        """Output elements per input of the subset's modules."""
+        """Output elements per input of the subset's modules (their gradients are kept per factor)."""
         return sum(lay.out_numel for lay in self.layers)
-
-    @property
-    def kept_gradients(self) -> int:
-        """Output-gradient elements per input and factor the fit backend keeps (the chain keeps its
-        first conv's gradient compressed by a following max-pool, ``chain.Chain``)."""
-        return sum(lay.grad_numel for lay in self.layers)
 
 
 @dataclass
@@ -126,14 +115,14 @@ def backend_batch_bytes(shape: ModelShape, batch: int, n_factors: int, factor_ch
     """Bytes a batch backend keeps for one fit batch of ``batch`` inputs, by part: the forward
     (``activations``: all-weights keeps every leaf output, last-layer runs without a graph and holds
     about two at a time), the ``K`` output factors ``V`` and the network output, the output
-    gradients of the recorded modules (``K N`` rows each, the chain's compressed ones smaller; streamed one factor at a time by the
+    gradients of the recorded modules (``K N`` rows each; streamed one factor at a time by the
     capture backend when they exceed ``backends.capture.FACTOR_BUDGET`` elements and the structure
     has ``factor_chunks``) and the cotangent in flight through the widest layer."""
     from laplace_lab.laplace.backends.capture import FACTOR_BUDGET, STREAM_BUDGET
 
     b, N, K, C = shape.itemsize, batch, n_factors, shape.n_outputs
     last = shape.subset == "last_layer"
-    grads = K * N * shape.kept_gradients
+    grads = K * N * shape.recorded
     if not last and not shape.chain and factor_chunks and grads > FACTOR_BUDGET:
         grads = N * shape.recorded + STREAM_BUDGET
     return {"activations": b * N * (2 * shape.widest if last else shape.activations),
@@ -172,14 +161,8 @@ def probe_model(model: nn.Module, x) -> dict:
     """One forward of the first input of ``x`` (no grad, eval mode, hooks on every module): the output
     elements of every module (by module id), the input's and the network output's size."""
     outs: dict[int, int] = {}
-    order: list[nn.Module] = []  # leaf modules in call order
-
-    def hook(mod, args, out):
-        outs[id(mod)] = out.numel() if isinstance(out, torch.Tensor) else 0
-        if not list(mod.children()):
-            order.append(mod)
-
-    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    handles = [m.register_forward_hook(lambda mod, args, out: outs.__setitem__(
+        id(mod), out.numel() if isinstance(out, torch.Tensor) else 0)) for m in model.modules()]
     was_training = model.training
     model.eval()
     x1 = _first_input(x)
@@ -192,7 +175,7 @@ def probe_model(model: nn.Module, x) -> dict:
             h.remove()
     n_in = x1.numel() if isinstance(x1, torch.Tensor) else sum(
         v.numel() for v in x1.values() if isinstance(v, torch.Tensor))
-    return {"outs": outs, "input": n_in, "n_outputs": out.numel(), "order": order}
+    return {"outs": outs, "input": n_in, "n_outputs": out.numel()}
 
 
 def _layer(module: nn.Module, names: list[str], out_numel: int) -> LayerShape:
@@ -216,37 +199,15 @@ def shape_of(model: nn.Module, probe: dict, subset: str, last_layer_name: str | 
     outs = probe["outs"]
     leaves = [outs.get(id(m), 0) for m in model.modules() if not list(m.children())]
     dtype = dtype or next(model.parameters()).dtype
-    chain = Chain.build(model, [e.module for e in entries], block_order_ok=True) is not None
-    layers = [_layer(e.module, e.names, outs.get(id(e.module), 0)) for e in entries]
-    if chain and layers and isinstance(entries[0].module, nn.Conv2d):
-        pool = _pool_after(probe["order"], entries[0].module)
-        if pool is not None:
-            layers[0] = replace(layers[0], kept_out=layers[0].out_numel // pool)
     return ModelShape(
         subset=subset,
-        layers=tuple(layers),
+        layers=tuple(_layer(e.module, e.names, outs.get(id(e.module), 0)) for e in entries),
         n_outputs=probe["n_outputs"],
         activations=probe["input"] + sum(leaves),
         widest=max([probe["input"], *leaves]),
         itemsize=torch.empty((), dtype=dtype).element_size(),
-        chain=chain,
+        chain=Chain.build(model, [e.module for e in entries], block_order_ok=True) is not None,
     )
-
-
-def _pool_after(order: list[nn.Module], module: nn.Module) -> int | None:
-    """The window size of a non-overlapping max-pool following ``module`` (after an optional ReLU)
-    in call ``order`` (the chain then keeps ``module``'s gradient compressed), else ``None``."""
-    from laplace_lab.laplace.chain import _pair, _simple_pool
-
-    if module not in order:
-        return None
-    nxt = order[order.index(module) + 1:][:2]
-    if nxt and isinstance(nxt[0], nn.ReLU):
-        nxt = nxt[1:]
-    if nxt and isinstance(nxt[0], nn.MaxPool2d) and _simple_pool(nxt[0]):
-        kh, kw = _pair(nxt[0].kernel_size)
-        return kh * kw
-    return None
 
 
 # ---- plans -----------------------------------------------------------------------------------------
@@ -321,8 +282,7 @@ def laplace_plan(la, X, batch: int | None = None) -> tuple[MemoryPlan | None, di
     and the model probe (``probe_model`` on ``X``'s first input)."""
     probe = probe_model(la.model, X)
     batch = batch or _batch_size(X)
-    shape = replace(shape_of(la.model, probe, la.subset_of_weights, _last_layer_name(la), la.dtype),
-                    layers=tuple(_layer(e.module, e.names, probe["outs"].get(id(e.module), 0)) for e in la.entries))
+    shape = shape_of(la.model, probe, la.subset_of_weights, _last_layer_name(la), la.dtype)
     K = n_output_factors(la.likelihood, la.curvature, probe["n_outputs"], la.n_mc_samples)
     cls = type(la.structure)
     options = {k: getattr(la.structure, k) for k in cls.options if hasattr(la.structure, k)}
