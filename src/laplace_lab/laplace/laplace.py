@@ -10,6 +10,7 @@ heteroscedastic = ``-sum NLL / T``.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, MutableMapping
 
@@ -30,6 +31,7 @@ from laplace_lab.laplace.options import (
     TuningMethod,
     check_choice,
 )
+from laplace_lab.laplace.plan import DEFAULT_MEMORY_BUDGET, check_budget, check_fit
 from laplace_lab.laplace.precision import engine_numerics
 from laplace_lab.laplace.priors import (
     PRIOR_STRUCTURES,
@@ -159,6 +161,12 @@ class Laplace:
         structure_options: the structure's declared ``options``, e.g. kron's ``kfac_approx``
             ("expand" default | "reduce" | "backpack", ``options.KfacApprox``); laplace-torch's
             ``asdl_fisher_kwargs={"kfac_approx": ...}`` means the same.
+        memory_budget: fraction in (0, 1] of the available memory (``plan.available_memory``: free
+            CUDA memory, or ``MemAvailable``) that ``fit`` and the glm predictive may plan to use
+            (default ``plan.DEFAULT_MEMORY_BUDGET`` = 0.9); ``fit`` raises ``plan.MemoryPlanError``
+            before allocating when the structure's planned peak (``laplace.plan``) exceeds it, naming
+            the alternatives that fit, and the predictive lowers ``chunk_size`` to what fits. ``None``:
+            no plan, no check.
         **options: the structure's declared ``options`` as keywords too, e.g. lowrank's
             ``n_eigs=100`` (``structure_options`` wins); a keyword no argument and no option of the
             structure takes is a ``TypeError``.
@@ -197,6 +205,7 @@ class Laplace:
         feature_reduction: str | None = None,
         dict_key_x: str = "input_ids",
         dict_key_y: str = "labels",
+        memory_budget: float | None = DEFAULT_MEMORY_BUDGET,
         **options,
     ):
         likelihood = _check_choice("likelihood", likelihood, LIKELIHOODS)
@@ -209,6 +218,8 @@ class Laplace:
         self.feature_reduction = feature_reduction
         self.enable_backprop = bool(enable_backprop)
         self.dict_key_x, self.dict_key_y = dict_key_x, dict_key_y
+        self.memory_budget = check_budget(memory_budget)
+        self.memory_plan = None  # plan.MemoryPlan of the last fit's check
         subset_of_weights = _check_choice("subset_of_weights", subset_of_weights, SUBSETS)
         hessian_structure = _check_choice("hessian_structure", hessian_structure, tuple(STRUCTURES))
         declared = STRUCTURES[hessian_structure].options
@@ -407,9 +418,11 @@ class Laplace:
     def fit(self, train_loader: Iterable, override: bool = True, progress_bar: bool = False) -> None:
         """One pass over ``train_loader`` (yields ``(X, y)`` or a dict batch with ``dict_key_y`` holding the
         targets, the whole dict being the model input): ``fit_begin``, ``fit_batch``, ``fit_end``."""
+        total = len(train_loader) if hasattr(train_loader, "__len__") else None
+        train_loader = self._check_memory(train_loader)
         if progress_bar:
             from tqdm.auto import tqdm
-            train_loader = tqdm(train_loader, desc="Laplace fit")
+            train_loader = tqdm(train_loader, desc="Laplace fit", total=total)
         if self._structure.self_fitting:  # e.g. lowrank: loss pass + Lanczos (matrix_free.lowrank)
             if not override:
                 raise ValueError(f"override=False is not supported with hessian_structure={self.hessian_structure!r}")
@@ -422,6 +435,23 @@ class Laplace:
             self.fit_batch(*self.unpack_batch(batch))
         checks.data_seen(self)
         self.fit_end()
+
+    def _check_memory(self, train_loader: Iterable) -> Iterable:
+        """``plan.check_fit`` on the loader's first batch (``memory_budget``; ``MemoryPlanError`` before
+        any allocation); returns an iterable that still yields every batch once (a one-shot iterator is
+        chained behind its first batch; a re-iterable loader is left as it is)."""
+        if self.memory_budget is None:
+            return train_loader
+        it = iter(train_loader)
+        try:
+            first = next(it)
+        except StopIteration:
+            return train_loader
+        if it is train_loader or not self._structure.self_fitting:
+            train_loader = itertools.chain([first], it)
+        X, _ = self.unpack_batch(first)
+        self.memory_plan = check_fit(self, X, self.memory_budget)
+        return train_loader
 
     def unpack_batch(self, batch) -> tuple:
         """``(X, y)`` of a loader batch: a pair, or a mapping (model input = the mapping, targets =

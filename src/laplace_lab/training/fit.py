@@ -18,6 +18,7 @@ from laplace_lab.data.base import LabDataModule
 from laplace_lab.io.eta import attached_to_terminal
 from laplace_lab.training import loop_choice, map_cache
 from laplace_lab.training.build import build
+from laplace_lab.training.laplace_plan import check_run_laplace
 from laplace_lab.training.module import MAPCore
 from laplace_lab.training.plain_loop import PlainTrainer, resolve_device, seed_everything
 from laplace_lab.training.resume import check_resume, resume_path, run_fingerprint, run_identity
@@ -70,6 +71,8 @@ def train_map(run: RunConfig, output_dir: Path, loggers, loop: str | None = None
     if resume:
         check_resume(run, resume)
     datamodule, module = build(run, loop)
+    if run.needs_posthoc_laplace:  # its plan in one line; what cannot fit is refused before training
+        check_run_laplace(run, datamodule, module.model, module.likelihood)
     module.run_identity = run_identity(run)
     if run.checkpoint.enabled:
         module.run_fingerprint = run_fingerprint(run)
