@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 from laplace_lab.config.schema import RunConfig
+from laplace_lab.laplace.marglik_schedule import marglik_epochs
 
 
 def _require(condition: bool, message: str) -> None:
@@ -62,8 +63,6 @@ def check_lr_schedule(run: RunConfig) -> None:
 
 
 def check_marglik_epochs(run: RunConfig) -> None:
-    from laplace_lab.training.online_marglik import marglik_epochs
-
     m, epochs = run.marglik, run.trainer.max_epochs
     if not m.online or epochs is None:
         return

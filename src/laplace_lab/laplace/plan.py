@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from laplace_lab.laplace import checks
 from laplace_lab.laplace.curvature import n_output_factors
 from laplace_lab.laplace.modules import is_kfac_module
 from laplace_lab.laplace.subset import SUBSETS, select
@@ -173,6 +174,7 @@ def probe_model(model: nn.Module, x) -> dict:
         model.train(was_training)
         for h in handles:
             h.remove()
+    checks.model_output(out, "the memory plan's probe")
     n_in = x1.numel() if isinstance(x1, torch.Tensor) else sum(
         v.numel() for v in x1.values() if isinstance(v, torch.Tensor))
     return {"outs": outs, "input": n_in, "n_outputs": out.numel()}
