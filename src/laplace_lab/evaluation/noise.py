@@ -40,10 +40,12 @@ def bootstrap_se(stat: Callable[..., dict[str, float]], sizes: tuple[int, ...], 
 
 def classification_noise(p_map: Tensor, p_la: Tensor, y: Tensor, n_bins: int, n_boot: int = N_BOOT) -> dict[str, float]:
     """``{nll, ece, brier, acc}``: standard errors of la - map on one labelled set (``[N, C]`` probs)."""
-    fns = {"nll": M.nll, "brier": M.brier, "acc": M.accuracy, "ece": lambda p, t: M.ece(p, t, n_bins)}
+    a, b = M.per_point(p_map, y), M.per_point(p_la, y)
+    d = {k: b[k] - a[k] for k in a}  # the means over points: resampled per-point differences
 
     def diff(idx):
-        return {k: f(p_la[idx], y[idx]) - f(p_map[idx], y[idx]) for k, f in fns.items()}
+        return {**{k: v[idx].mean().item() for k, v in d.items()},
+                "ece": M.ece(p_la[idx], y[idx], n_bins) - M.ece(p_map[idx], y[idx], n_bins)}
 
     return bootstrap_se(diff, (len(y),), n_boot)
 
