@@ -36,6 +36,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from laplace_lab.io.atomic import write_text_atomic
+from laplace_lab.io.wandb_offline import sync_hint
 from laplace_lab.sweeps.devices import device_record
 from laplace_lab.sweeps.run_only import job_dirname
 from laplace_lab.sweeps.signals import JobInterrupted
@@ -92,12 +93,16 @@ def run_tracked(run_fn: RunFn, cfg: Any, output_dir: Path) -> float:
     """Run ``run_fn(cfg, output_dir)`` (skipping finished multirun jobs); return the objective. ``cfg``
     is the composed job config (a mapping), handed to ``run_fn`` as it is and hashed here.
 
-    The output folder is logged when the run starts and when it ends (finished, skipped or failed)."""
+    The output folder is logged when the run starts and when it ends (finished, skipped or failed),
+    and last its offline W&B run with the command that uploads it (``io.wandb_offline``), if any."""
     log.info("Output folder: %s", output_dir.resolve())
     try:
         return _run_tracked(run_fn, cfg, output_dir)
     finally:
         log.info("Run ended; its outputs are in %s", output_dir.resolve())
+        hint = sync_hint(output_dir)
+        if hint:
+            log.info(hint)
 
 
 def _mark_interrupted(output_dir: Path, err: JobInterrupted, start: float | None = None) -> None:
