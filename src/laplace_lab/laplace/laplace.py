@@ -16,7 +16,7 @@ from collections.abc import Iterable, MutableMapping
 import torch
 from torch import nn
 
-from laplace_lab.laplace import backends, predictive
+from laplace_lab.laplace import backends, distributed, predictive
 from laplace_lab.laplace.backends import backend_names
 from laplace_lab.laplace.capture import Streamed
 from laplace_lab.laplace.compat_matrix import Kron
@@ -159,6 +159,9 @@ class Laplace:
         structure_options: the structure's declared ``options``, e.g. kron's ``kfac_approx``
             ("expand" default | "reduce" | "backpack", ``options.KfacApprox``); laplace-torch's
             ``asdl_fisher_kwargs={"kfac_approx": ...}`` means the same.
+        process_group: fit across processes (``laplace.distributed``): "auto" (default) sums every
+            rank's shard once ``torch.distributed`` is initialised with more than one process; ``None``
+            fits this process's data alone; or a ``torch.distributed.ProcessGroup``.
         **options: the structure's declared ``options`` as keywords too, e.g. lowrank's
             ``n_eigs=100`` (``structure_options`` wins); a keyword no argument and no option of the
             structure takes is a ``TypeError``.
@@ -197,6 +200,7 @@ class Laplace:
         feature_reduction: str | None = None,
         dict_key_x: str = "input_ids",
         dict_key_y: str = "labels",
+        process_group="auto",
         **options,
     ):
         likelihood = _check_choice("likelihood", likelihood, LIKELIHOODS)
@@ -207,6 +211,7 @@ class Laplace:
         if feature_reduction is not None:
             feature_reduction = _check_choice("feature_reduction", feature_reduction, FeatureReduction.values())
         self.feature_reduction = feature_reduction
+        self.process_group = distributed.check_process_group(process_group)
         self.enable_backprop = bool(enable_backprop)
         self.dict_key_x, self.dict_key_y = dict_key_x, dict_key_y
         subset_of_weights = _check_choice("subset_of_weights", subset_of_weights, SUBSETS)
@@ -413,6 +418,9 @@ class Laplace:
             if not override:
                 raise ValueError(f"override=False is not supported with hessian_structure={self.hessian_structure!r}")
             self.fit_begin()
+            group = distributed.fit_group(self)
+            if group is not None:  # before the structure's first collective (its operator's products)
+                distributed.check_agreement(self, group)
             self.loss, self.n_data, self.n_outputs = self._structure.fit(self, train_loader)
             return self.fit_end()
         self.fit_begin(override=override)
@@ -441,6 +449,10 @@ class Laplace:
 
     def fit_begin(self, override: bool = True) -> None:
         """Reset the accumulators (``override``), switch the model to eval mode, store the mean."""
+        distributed.check_reducible(self)
+        if not override and distributed.fit_group(self) is not None:
+            raise ValueError("override=False with a process group would add the earlier (already summed) fit "
+                             "once per rank; fit all shards in one fit, or pass process_group=None")
         if override:
             self.reset_accumulators()
         self._was_training = self.model.training
@@ -490,7 +502,12 @@ class Laplace:
 
     @engine_numerics
     def fit_end(self) -> None:
-        """Finalise (e.g. KFAC eigendecompositions) and restore the model's train/eval mode."""
+        """Across processes (``process_group``), sum the ranks' shards (``distributed.reduce_fit``);
+        finalise (e.g. KFAC eigendecompositions) and restore the model's train/eval mode."""
+        group = distributed.fit_group(self)
+        if group is not None:
+            distributed.check_reducible(self)
+            distributed.reduce_fit(self, group)
         self._structure.finalize()
         self._fitted = True
         if getattr(self, "_was_training", False):
