@@ -2,8 +2,9 @@
 
 ``python dist_worker.py MODE RANK WORLD INIT_FILE OUT_DIR TIMEOUT_S`` joins a gloo process group
 (one thread) and runs ``MODE``: "fit" (every case of ``CASES`` on this rank's shard, results
-saved to ``OUT_DIR/rank{RANK}.pt``), or "die" (rank 1 exits with code 3 after joining; rank 0 fits
-and must fail in the reduction's collective). The test imports ``run_case`` for the one-process
+saved to ``OUT_DIR/rank{RANK}.pt``), "die" (rank 1 exits with code 3 after joining; rank 0 fits
+and must fail in the reduction's collective) or "stall" (rank 1 sleeps 20 s instead: rank 0 must
+fail at the group timeout). The test imports ``run_case`` for the one-process
 reference.
 """
 
@@ -129,14 +130,20 @@ def _fit_mode(rank, world, out_dir):
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
-def _die_mode(rank, world):
+def _die_mode(rank, world, stall: bool):
+    import time
+
     import torch.distributed as dist
 
+    loader, _ = sharded(data("classification", torch.float64, N_TRAIN, 1), rank, world)
+    la = make_laplace("kron")  # imports and builds before the barrier: after it, rank 0 only fits
     dist.barrier()  # both joined
+    if rank == 1 and stall:
+        time.sleep(20)
+        os._exit(0)
     if rank == 1:
         os._exit(3)
-    loader, _ = sharded(data("classification", torch.float64, N_TRAIN, 1), rank, world)
-    make_laplace("kron").fit(loader)  # raises DistributedFitError in fit_end's agreement check
+    la.fit(loader)  # raises DistributedFitError in fit_end's agreement check
 
 
 def main(argv):
@@ -150,7 +157,7 @@ def main(argv):
     if mode == "fit":
         _fit_mode(rank, world, out_dir)
     else:
-        _die_mode(rank, world)
+        _die_mode(rank, world, stall=mode == "stall")
     dist.destroy_process_group()
 
 

@@ -25,32 +25,35 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 WORLD = 2
 
 
-def launch(mode: str, tmp_path: Path, timeout_s: float, wall_s: float) -> list[subprocess.CompletedProcess]:
-    """Run ``WORLD`` worker processes of ``mode``; their completed processes (rc, stdout, stderr)."""
+def launch(mode: str, tmp_path: Path, timeout_s: float, wall_s: float) -> list[tuple]:
+    """Run ``WORLD`` worker processes of ``mode``: per rank ``(returncode, stderr, seconds to exit)``;
+    fails the test if they are not all done within ``wall_s`` (a hang)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     init = tmp_path / "init"
+    start = time.monotonic()
     procs = [subprocess.Popen([sys.executable, str(WORKER), mode, str(r), str(WORLD), str(init), str(tmp_path),
-                               str(timeout_s)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               str(timeout_s)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
              for r in range(WORLD)]
-    done = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=wall_s)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail(f"worker {mode!r} did not finish within {wall_s} s (a hang)")
-        done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-    return done
+    ended = [None] * WORLD
+    while None in ended and time.monotonic() - start < wall_s:
+        for r, p in enumerate(procs):
+            if ended[r] is None and p.poll() is not None:
+                ended[r] = time.monotonic() - start
+        time.sleep(0.05)
+    if None in ended:
+        for p in procs:
+            p.kill()
+        pytest.fail(f"worker {mode!r} did not finish within {wall_s} s (a hang)")
+    return [(p.returncode, p.stderr.read(), t) for p, t in zip(procs, ended)]
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dist")
     done = launch("fit", tmp, timeout_s=60, wall_s=240)
-    for r, p in enumerate(done):
-        assert p.returncode == 0, f"rank {r} failed:\n{p.stderr[-3000:]}"
+    for r, (rc, err, _) in enumerate(done):
+        assert rc == 0, f"rank {r} failed:\n{err[-3000:]}"
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
@@ -101,13 +104,19 @@ def test_structure_without_reduction_raises_before_the_data_pass(ranks):
 
 
 def test_a_dead_rank_makes_the_other_exit_with_a_message(tmp_path):
-    start = time.monotonic()
-    rank0, rank1 = launch("die", tmp_path, timeout_s=5, wall_s=120)
-    assert rank1.returncode == 3
-    assert rank0.returncode != 0
-    assert "DistributedFitError" in rank0.stderr and "rank 0 of 2" in rank0.stderr, rank0.stderr[-3000:]
-    assert "the agreement check" in rank0.stderr
-    assert time.monotonic() - start < 120
+    (rc0, err0, _), (rc1, _, _) = launch("die", tmp_path, timeout_s=5, wall_s=120)
+    assert rc1 == 3
+    assert rc0 != 0
+    assert "DistributedFitError" in err0 and "rank 0 of 2" in err0, err0[-3000:]
+    assert "the agreement check" in err0
+
+
+@pytest.mark.slow
+def test_a_stalled_rank_makes_the_other_fail_at_the_timeout(tmp_path):
+    # rank 1 sleeps (alive, connection open) for 20 s: rank 0 must give up at the 3 s group timeout
+    (rc0, err0, t0), (rc1, _, t1) = launch("stall", tmp_path, timeout_s=3, wall_s=120)
+    assert rc0 != 0 and "DistributedFitError" in err0 and "0:00:03" in err0, err0[-3000:]
+    assert t0 < t1 - 8, (t0, t1)  # rank 0 exited long before the stalled rank woke up
 
 
 def test_one_process_fits_alone_and_bad_process_group_is_rejected():
