@@ -127,14 +127,17 @@ def fingerprint(la, layout: dict | None = None) -> dict:
     }
 
 
-def check_agreement(la, group, layout: dict | None = None) -> None:
-    """Gather every rank's ``fingerprint`` and raise ``DistributedMismatchError`` (on every rank) for
-    the first field where they differ."""
+def check_agreement(la, group, layout: dict | None = None) -> list:
+    """Gather every rank's ``fingerprint`` (and its ``n_outputs``, ``None`` where its shard was
+    empty) and raise ``DistributedMismatchError`` (on every rank) for the first field where they
+    differ; returns the ranks' ``n_outputs``."""
     mine = fingerprint(la, layout)
     world = dist.get_world_size(group)
     everyone = [None] * world
     _collective("the agreement check (all_gather_object)", group,
-                lambda: dist.all_gather_object(everyone, mine, group=group))
+                lambda: dist.all_gather_object(everyone, (mine, la.n_outputs), group=group))
+    outputs = [o for _, o in everyone]
+    everyone = [fp for fp, _ in everyone]
     for key in mine:
         values = [fp[key] for fp in everyone]
         if any(v != values[0] for v in values):
@@ -143,6 +146,10 @@ def check_agreement(la, group, layout: dict | None = None) -> None:
             raise DistributedMismatchError(
                 f"Laplace distributed fit over {world} processes: the ranks disagree on {key}{hint}; {per_rank}. "
                 "Every rank must fit the same model (same weights), options and hyperparameters on its own shard.")
+    if len({o for o in outputs if o is not None}) > 1:
+        raise DistributedMismatchError(f"Laplace distributed fit: the ranks' network outputs differ (n_outputs per "
+                                       f"rank: {outputs})")
+    return outputs
 
 
 def check_reducible(la) -> None:
@@ -164,22 +171,31 @@ def reduce_fit(la, group) -> None:
     ``n_data`` over ``group``; ``n_outputs`` becomes the ranks' common value."""
     s = la.structure
     sums = s.shard_sums() if s.shard_reduction == "sum" else {}
-    layout = {k: (tuple(v.shape), str(v.dtype)) for k, v in sums.items()}
-    check_agreement(la, group, layout)
-    for k, v in sums.items():
-        all_reduce_sum(v, group, f"the sum of {s.name} accumulator {k!r}")
+    layout = [(k, tuple(v.shape), str(v.dtype)) for k, v in sums.items()]  # a list: the order must agree too
+    outputs = check_agreement(la, group, layout)
+    totals = {"loss": la.loss.detach().clone(), "n_data": torch.tensor([la.n_data], device=la.device)}
+    sum_coalesced(sums | totals, group, f"the sum of the {s.name} accumulators")
     if sums:
         s.set_shard_sums(sums)
-    la.loss = all_reduce_sum(la.loss.detach().clone(), group, "the sum of the loss")
-    n_data = all_reduce_sum(torch.tensor([la.n_data], device=la.device), group, "the sum of n_data")
-    outputs = [None] * dist.get_world_size(group)
-    _collective("the n_outputs check", group, lambda: dist.all_gather_object(outputs, la.n_outputs, group=group))
-    seen = {o for o in outputs if o is not None}
-    if len(seen) > 1:
-        raise DistributedMismatchError(f"Laplace distributed fit: the ranks' network outputs differ (n_outputs per "
-                                       f"rank: {outputs})")
-    la.n_data = int(n_data.item())
-    la.n_outputs = seen.pop() if seen else None
+    la.loss = totals["loss"]
+    la.n_data = int(totals["n_data"].item())
+    la.n_outputs = next((o for o in outputs if o is not None), None)
+
+
+def sum_coalesced(tensors: dict[str, torch.Tensor], group, what: str) -> None:
+    """Sum every tensor of ``tensors`` over ``group`` in place, with one all-reduce per (dtype,
+    device): several tensors are concatenated into one buffer first (memory: their total size once
+    more), a tensor alone is reduced where it is (full's ``[P, P]`` matrix is not copied)."""
+    by_kind: dict = {}
+    for k, t in tensors.items():
+        by_kind.setdefault((t.dtype, t.device), []).append(k)
+    for (dtype, _), keys in by_kind.items():
+        if len(keys) == 1:
+            all_reduce_sum(tensors[keys[0]], group, f"{what} ({keys[0]})")
+            continue
+        flat = all_reduce_sum(torch.cat([tensors[k].reshape(-1) for k in keys]), group, f"{what} ({dtype})")
+        for k, part in zip(keys, flat.split([tensors[k].numel() for k in keys])):
+            tensors[k].copy_(part.view_as(tensors[k]))
 
 
 def gather_ordered(values: torch.Tensor, indices, group=None) -> torch.Tensor:

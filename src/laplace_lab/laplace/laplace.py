@@ -506,8 +506,12 @@ class Laplace:
         finalise (e.g. KFAC eigendecompositions) and restore the model's train/eval mode."""
         group = distributed.fit_group(self)
         if group is not None:
-            distributed.check_reducible(self)
-            distributed.reduce_fit(self, group)
+            try:
+                distributed.check_reducible(self)
+                distributed.reduce_fit(self, group)
+            except Exception:
+                self.model.train(getattr(self, "_was_training", self.model.training))
+                raise
         self._structure.finalize()
         self._fitted = True
         if getattr(self, "_was_training", False):
