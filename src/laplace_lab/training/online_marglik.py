@@ -154,6 +154,7 @@ class OnlineMarglikCore:
         return Laplace(
             module.model, module.likelihood, prior_precision=1.0, prior_structure=self.prior_structure,
             temperature=module.temperature, seed=self.hyper_steps_done, example_input=x, **self.laplace_kwargs,
+            process_group=None,  # train_eval_dataloader is not sharded: under DDP every rank fits all the data
         )
 
     @property
