@@ -114,6 +114,13 @@ def _fit_mode(rank, world, out_dir):
     except DistributedMismatchError as e:
         results["mismatch"] = str(e)
 
+    padded, _ = sharded(data("classification", torch.float64, N_TRAIN + 1, 1), rank, world)
+    try:
+        make_laplace("diag").fit(padded)
+        results["padded"] = "no error"
+    except ValueError as e:
+        results["padded"] = str(e)
+
     @register
     class NoReduce(DiagStructure):  # a structure that declares no reduction
         name = "noreduce_test"

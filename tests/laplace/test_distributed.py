@@ -97,6 +97,12 @@ def test_disagreeing_ranks_raise_naming_the_field(ranks):
         assert "disagree on hyper_hash" in res["mismatch"], res["mismatch"]
 
 
+def test_padded_distributed_sampler_is_refused(ranks):
+    for res in ranks:
+        assert "pads 41 samples to 42 over 2 processes, so 1 samples would be counted twice" in res["padded"]
+        assert "drop_last=True" in res["padded"]
+
+
 def test_structure_without_reduction_raises_before_the_data_pass(ranks):
     for res in ranks:
         assert "hessian_structure='noreduce_test' declares no reduction" in res["noreduce"]

@@ -166,6 +166,21 @@ def check_reducible(la) -> None:
         f"that reduce: {able}; or pass process_group=None to fit every rank on its own data")
 
 
+def check_shard_loader(loader) -> None:
+    """``ValueError`` for a loader whose ``DistributedSampler`` pads its shards (``drop_last=False``
+    and a data set size not divisible by the number of replicas): the padding repeats samples, which
+    a summed fit would count twice."""
+    sampler = getattr(loader, "sampler", None)
+    if not isinstance(sampler, torch.utils.data.DistributedSampler) or sampler.drop_last:
+        return
+    n, world = len(sampler.dataset), sampler.num_replicas
+    if n % world:
+        raise ValueError(
+            f"the fit loader's DistributedSampler pads {n} samples to {sampler.total_size} over {world} processes, so "
+            f"{sampler.total_size - n} samples would be counted twice in the summed fit; use a data set size divisible "
+            f"by {world}, or DistributedSampler(..., drop_last=True) (drops {n % world} samples)")
+
+
 def reduce_fit(la, group) -> None:
     """Check agreement, then sum the structure's shard sums (``"sum"`` structures), the loss and
     ``n_data`` over ``group``; ``n_outputs`` becomes the ranks' common value."""

@@ -411,6 +411,8 @@ class Laplace:
     def fit(self, train_loader: Iterable, override: bool = True, progress_bar: bool = False) -> None:
         """One pass over ``train_loader`` (yields ``(X, y)`` or a dict batch with ``dict_key_y`` holding the
         targets, the whole dict being the model input): ``fit_begin``, ``fit_batch``, ``fit_end``."""
+        if distributed.fit_group(self) is not None:
+            distributed.check_shard_loader(train_loader)
         if progress_bar:
             from tqdm.auto import tqdm
             train_loader = tqdm(train_loader, desc="Laplace fit")
