@@ -133,3 +133,13 @@ def test_one_process_fits_alone_and_bad_process_group_is_rejected():
     assert fit_group(la) is None  # no process group initialised: nothing to reduce
     with pytest.raises(ValueError, match="process_group must be 'auto', None or a torch.distributed.ProcessGroup"):
         Laplace(w.model(torch.float64), "classification", process_group="world")
+
+
+def test_shard_batches_partition_the_loader():
+    from laplace_lab.laplace.distributed import ShardBatches
+
+    batches = [torch.full((2,), i) for i in range(5)]
+    shards = [list(ShardBatches(batches, 2, r)) for r in range(2)]
+    assert [int(b[0]) for b in shards[0]] == [0, 2, 4] and [int(b[0]) for b in shards[1]] == [1, 3]
+    with pytest.raises(ValueError, match="0 <= rank < world"):
+        ShardBatches(batches, 2, 2)

@@ -181,6 +181,23 @@ def check_shard_loader(loader) -> None:
             f"by {world}, or DistributedSampler(..., drop_last=True) (drops {n % world} samples)")
 
 
+class ShardBatches:
+    """Rank ``rank``'s share of ``loader``'s batches: batches ``rank``, ``rank + world``, ... (a
+    partition of the data whatever the loader's batching, for a loader in fixed order). Every rank
+    still iterates (loads) all batches and skips the others': cheap for in-memory tensors, a
+    loading cost otherwise; a ``DistributedSampler`` avoids it where the loader can be rebuilt."""
+
+    def __init__(self, loader, world: int, rank: int):
+        if not (isinstance(world, int) and world >= 1 and isinstance(rank, int) and 0 <= rank < world):
+            raise ValueError(f"ShardBatches needs 0 <= rank < world; got rank={rank!r}, world={world!r}")
+        self.loader, self.world, self.rank = loader, world, rank
+
+    def __iter__(self):
+        for i, batch in enumerate(self.loader):
+            if i % self.world == self.rank:
+                yield batch
+
+
 def reduce_fit(la, group) -> None:
     """Check agreement, then sum the structure's shard sums (``"sum"`` structures), the loss and
     ``n_data`` over ``group``; ``n_outputs`` becomes the ranks' common value."""
