@@ -77,6 +77,11 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     phases.start("MAP training", training_plan(job, loop))
     train = train_map_grid if job.map_grid else train_map
     datamodule, module, trainer, metrics = train(job, output_dir, loggers, loop)
+    if getattr(trainer, "world_size", 1) > 1 and trainer.global_rank != 0:
+        # DDP: every rank holds the same network and hyperparameters; rank 0 alone fits the post-hoc
+        # Laplace, evaluates on the full test set and writes metrics.json
+        log.info("DDP rank %d of %d: training done; rank 0 evaluates", trainer.global_rank, trainer.world_size)
+        return metrics
     # the loops' teardown moved it to the CPU: fit the Laplace where it trained
     module.to(trainer.root_device if loop == "plain" else trainer.strategy.root_device)
     record_devices(output_dir, trainer, module)
