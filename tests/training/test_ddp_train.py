@@ -197,3 +197,23 @@ def test_killed_ddp_run_resumes_to_the_same_end(ddp_whole, tmp_path):
     # the same run, to the float32 tolerances of _assert_same_run (the CSV of the resumed launch starts at
     # the epoch it resumed from)
     _assert_same_run(whole_dir, whole, cut_dir, resumed)
+
+
+@pytest.mark.parametrize("overrides, env, refused", [
+    (["trainer=ddp", "trainer.devices=2"], {}, True),  # Lightning's relaunch would repeat the sweep
+    (["trainer=ddp", "trainer.devices=2"], {"SLURM_NTASKS": "2"}, False),  # one SLURM task per device
+    (["trainer=ddp", "trainer.devices=1"], {}, False),  # one process: nothing to relaunch
+])
+def test_ddp_in_a_multirun_needs_slurm_tasks(overrides, env, refused, monkeypatch):
+    from laplace_lab.train import check_ddp_launch
+
+    monkeypatch.delenv("SLURM_NTASKS", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    job = run_config(["data=sinusoid", *overrides])
+    check_ddp_launch(job, multirun=False)  # a single run: always allowed
+    if refused:
+        with pytest.raises(ValueError, match="in a multirun needs one SLURM task per device"):
+            check_ddp_launch(job, multirun=True)
+    else:
+        check_ddp_launch(job, multirun=True)
