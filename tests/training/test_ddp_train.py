@@ -138,12 +138,13 @@ def test_ddp_run_equals_one_process_and_evaluates_once(ddp_whole, tmp_path, one_
     _assert_same_run(tmp_path, one, run_dir, two)
 
 
-# Two float32 runs of the same training that differ in the order of some sums (2 processes against 1; a
-# resumed run against an uninterrupted one) start equal and drift apart over the epochs. Measured with 300
-# epochs: validation NLL equal to 1e-7 up to epoch 100 and 6e-3 apart at epoch 300 (DDP against one
-# process); the resumed run's prior precisions 1 float32 ulp apart from about epoch 30 on, its final metrics
-# up to 1e-3 apart at epoch 300. Hence EPOCHS = 100, and: the validation NLL of every epoch both logged to
-# 1e-5 relative, every final metric (hyperparameters, post-hoc Laplace, test metrics) to 1e-4 relative.
+# Two float32 runs of the same training that are not bit-identical start equal and drift apart over the
+# epochs. Measured with 300 epochs: DDP against one process (the gradient summed in another order) equal
+# to 1e-7 in validation NLL up to epoch 100, 6e-3 apart at epoch 300; a resumed DDP run against the
+# uninterrupted one (cause not found: uninterrupted DDP runs repeat bit for bit, and a resumed one-process
+# run is bit-identical) prior precisions 1 float32 ulp apart from about epoch 30, final metrics up to 1e-3
+# apart at epoch 300. Hence EPOCHS = 100, and: the validation NLL of every epoch both logged to 1e-5
+# relative, every final metric (hyperparameters, post-hoc Laplace, test metrics) to 1e-4 relative.
 def _assert_same_run(dir_a: Path, a: dict, dir_b: Path, b: dict) -> None:
     val_a, val_b = _val_nll(dir_a), _val_nll(dir_b)
     common = sorted(set(val_a) & set(val_b))
