@@ -46,6 +46,7 @@ SKIPS = [
     (lambda c: "submitit_slurm" in c and shutil.which("sbatch") is None, "needs a SLURM cluster (no sbatch here)"),
     (lambda c: ("trainer=gpu" in c or "--device cuda" in c or _preset_needs_gpu(c)) and not _has_cuda(),
      "needs a CUDA GPU"),
+    (lambda c: "trainer=ddp" in c, "needs several GPUs (on the CPU: tests/training/test_ddp_train.py)"),
     (lambda c: "git clone" in c or "/tmp/laplace-torch" in c, "needs the network and a laplace-torch checkout"),
     (lambda c: "laplace_lab.reporting.wandb_workspace" in c and "--dry-run" not in c, "saves to a wandb account (network)"),
 ]

@@ -66,6 +66,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     with config_phase():  # bad input: the message alone, before any data is loaded
         job = validate_config(cfg)
         check_accelerator(job.trainer.accelerator, job.trainer.devices)
+        check_ddp_launch(job, is_multirun())
         loop = loop_choice.choose_loop(job)
     output_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(output_dir / "config_resolved.yaml", OmegaConf.to_yaml(cfg, resolve=True))
@@ -77,6 +78,11 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     phases.start("MAP training", training_plan(job, loop))
     train = train_map_grid if job.map_grid else train_map
     datamodule, module, trainer, metrics = train(job, output_dir, loggers, loop)
+    if getattr(trainer, "world_size", 1) > 1 and trainer.global_rank != 0:
+        # DDP: every rank holds the same network and hyperparameters; rank 0 alone fits the post-hoc
+        # Laplace, evaluates on the full test set and writes metrics.json
+        log.info("DDP rank %d of %d: training done; rank 0 evaluates", trainer.global_rank, trainer.world_size)
+        return metrics
     # the loops' teardown moved it to the CPU: fit the Laplace where it trained
     module.to(trainer.root_device if loop == "plain" else trainer.strategy.root_device)
     record_devices(output_dir, trainer, module)
@@ -114,6 +120,18 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     phases.finish()
     check_final_metrics(metrics, output_dir / "metrics.json")
     return metrics
+
+
+def check_ddp_launch(job: RunConfig, multirun: bool) -> None:
+    """``trainer=ddp`` with more than one process inside a multirun needs SLURM tasks (submitit, one
+    task per device): Lightning's own start of the other ranks repeats the command line, ``-m`` and
+    the whole sweep included."""
+    t = job.trainer
+    one_process = t.devices in (1, [0]) and t.num_nodes == 1
+    if t.strategy == "ddp" and multirun and not one_process and int(os.environ.get("SLURM_NTASKS") or 1) <= 1:
+        raise ValueError(f"trainer=ddp with trainer.devices={t.devices!r} in a multirun needs one SLURM task per device "
+                         "(hydra/launcher=submitit_slurm with hydra.launcher.tasks_per_node = trainer.devices); "
+                         "allowed here: one run per command (hydra.mode=RUN), or trainer.devices=1 (docs/gpu.md)")
 
 
 def narrow_checkpoint_dir(cfg: DictConfig, output_dir: Path) -> None:

@@ -118,18 +118,15 @@ def test_ray_half_a_gpu_per_job_puts_two_jobs_on_each_gpu(tmp_path, ray_node):
     assert per_gpu == ["0", "0", "1", "1", "2", "2", "3", "3"]
 
 
-@pytest.mark.filterwarnings(r"ignore:\s*'hydra/\w+/\w+' is validated against ConfigStore schema")
-def test_slurm_array_submission(tmp_path, monkeypatch):
-    """What ``hydra/launcher=submitit_slurm`` submits for a 3-job sweep, captured instead of sbatch:
-    the resources of the array and each job's overrides."""
+def _capture_submission(tmp_path, monkeypatch, launcher_overrides: list[str], job_overrides: list[list[str]]):
+    """What ``hydra/launcher=submitit_slurm`` with ``launcher_overrides`` submits for ``job_overrides``,
+    captured instead of sbatch: ``{"sbatch": <script text>, "folder": <submitit folder>}``."""
     require_plugin("hydra_plugins.hydra_submitit_launcher")
     import submitit
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
-    from submitit.core.utils import DelayedSubmission
 
     from laplace_lab.config import CONF_DIR
-    from laplace_lab.sweeps.run_only import job_dirname
 
     class Submitted(Exception):
         pass
@@ -143,18 +140,30 @@ def test_slurm_array_submission(tmp_path, monkeypatch):
 
     monkeypatch.setattr(submitit.SlurmExecutor, "_submit_command", fake_submit)
     monkeypatch.setattr(submitit.SlurmExecutor, "affinity", classmethod(lambda cls: 2))  # "srun is on PATH"
-    sweep_dir = tmp_path / "sweep"
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", ["hydra/launcher=submitit_slurm", "hydra.launcher.partition=gpu",
-                                "hydra.launcher.gpus_per_node=2", "hydra.launcher.cpus_per_task=6",
-                                "hydra.launcher.mem_gb=48", "hydra.launcher.timeout_min=90",
-                                "hydra.launcher.array_parallelism=2", f"hydra.sweep.dir={sweep_dir}",
-                                "experiment_name=slurm_test"], return_hydra_config=True)
+        cfg = compose("train", ["hydra/launcher=submitit_slurm", *launcher_overrides,
+                                f"hydra.sweep.dir={tmp_path / 'sweep'}"], return_hydra_config=True)
     launcher = instantiate(cfg.hydra.launcher)
     launcher.config = cfg
-    job_overrides = [["data=toy2d", f"seed={seed}", "optimizer.lr=0.01"] for seed in range(3)]
     with pytest.raises(Submitted):
         launcher.launch(job_overrides, initial_job_idx=0)
+    return captured
+
+
+@pytest.mark.filterwarnings(r"ignore:\s*'hydra/\w+/\w+' is validated against ConfigStore schema")
+def test_slurm_array_submission(tmp_path, monkeypatch):
+    """What ``hydra/launcher=submitit_slurm`` submits for a 3-job sweep, captured instead of sbatch:
+    the resources of the array and each job's overrides."""
+    from submitit.core.utils import DelayedSubmission
+
+    from laplace_lab.sweeps.run_only import job_dirname
+
+    sweep_dir = tmp_path / "sweep"
+    job_overrides = [["data=toy2d", f"seed={seed}", "optimizer.lr=0.01"] for seed in range(3)]
+    captured = _capture_submission(tmp_path, monkeypatch, [
+        "hydra.launcher.partition=gpu", "hydra.launcher.gpus_per_node=2", "hydra.launcher.cpus_per_task=6",
+        "hydra.launcher.mem_gb=48", "hydra.launcher.timeout_min=90", "hydra.launcher.array_parallelism=2",
+        "experiment_name=slurm_test"], job_overrides)
 
     lines = set(captured["sbatch"].splitlines())
     for flag in ("--gpus-per-node=2", "--cpus-per-task=6", "--mem=48GB", "--time=90", "--array=0-2%2",
@@ -169,3 +178,21 @@ def test_slurm_array_submission(tmp_path, monkeypatch):
     assert got == [(i, job_overrides[i]) for i in range(3)]
     assert all(c.args[1] == "hydra.sweep.dir" for c in calls)
     assert [job_dirname(o) for _, o in got] == [f"data=toy2d,optimizer.lr=0.01,seed={i}" for i in range(3)]
+
+
+@pytest.mark.filterwarnings(r"ignore:\s*'hydra/\w+/\w+' is validated against ConfigStore schema")
+def test_slurm_ddp_submission(tmp_path, monkeypatch):
+    """A multi-node DDP job (docs/gpu.md): 2 nodes x 4 tasks, one task per GPU, all started by srun,
+    with the trainer overrides that Lightning's SLURM environment checks against them."""
+    from submitit.core.utils import DelayedSubmission
+
+    job = ["trainer=ddp", "trainer.devices=4", "trainer.num_nodes=2"]
+    captured = _capture_submission(tmp_path, monkeypatch, [
+        "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=4", "hydra.launcher.gpus_per_node=4",
+        "hydra.launcher.cpus_per_task=8"], [job])
+    lines = set(captured["sbatch"].splitlines())
+    for flag in ("--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=4", "--cpus-per-task=8"):
+        assert f"#SBATCH {flag}" in lines, (flag, captured["sbatch"])
+    assert any(line.startswith("srun ") and "submitit.core._submit" in line for line in lines), captured["sbatch"]
+    calls = [DelayedSubmission.load(p) for p in (tmp_path / "sweep" / ".submitit").glob("*.pkl")]
+    assert [c.args[0] for c in calls] == [job]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,9 @@ class Spec:
     ``low``/``high`` (``low_open``: ``> low``), ``nullable``, ``choices``; ``items``: the kind of a
     list's entries (``int`` | ``str``); ``describe``: shown after the name (``" (the learning rate)"``);
     ``options``: the group options whose config file carries the key (None: all of them, see
-    ``config.store``); ``message``: a fixed message for a bad value (``{name}`` and ``{value}``).
+    ``config.store``); ``message``: a fixed message for a bad value (``{name}`` and ``{value}``);
+    ``accepts``: a predicate for what the kinds cannot state (``any`` of a union, e.g. ``trainer.devices``),
+    with ``message`` naming the allowed values.
     """
 
     kind: str
@@ -45,6 +47,7 @@ class Spec:
     describe: str = ""
     options: tuple[str, ...] | None = None
     message: str | None = None
+    accepts: Callable[[Any], bool] | None = None
 
 
 def option(default: Any, kind: str, **spec: Any) -> Any:
@@ -109,6 +112,8 @@ def check(name: str, value: Any, spec: Spec) -> Any:
         _check_number(name, value, spec)
         return value
     if spec.kind == "any":
+        if spec.accepts is not None and not spec.accepts(value):
+            _fail((spec.message or "{name}={value!r} is not supported").format(name=name, value=value))
         return value
     got = type_name(value)
     if got != TYPE_NAMES[spec.kind]:

@@ -249,6 +249,20 @@ class CheckpointConfig:
     resume_from: str | None = option(None, "str", nullable=True)
 
 
+DEVICES_MESSAGE = ("{name}={value!r} is not supported; allowed: an integer >= 1 (that many devices), -1 (every "
+                   "visible device), 'auto', or a non-empty list of distinct device ids >= 0")
+
+
+def _devices_ok(value: Any) -> bool:
+    """``trainer.devices``: what Lightning's ``Trainer(devices=...)`` takes, less its comma strings."""
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if isinstance(value, (list, tuple)):
+        return bool(value) and all(is_int(v) and v >= 0 for v in value) and len(set(value)) == len(value)
+    return value == "auto" or (is_int(value) and (value >= 1 or value == -1))
+
+
 @dataclass(frozen=True)
 class TrainerConfig:
     """``trainer/``: the keyword arguments of Lightning's ``Trainer`` (loggers and callbacks are added
@@ -258,7 +272,11 @@ class TrainerConfig:
     loop: str = option("auto", "str", choices=("auto", "lightning", "plain"))
     max_epochs: int | None = option(20, "int", low=1, nullable=True)
     accelerator: str = option("auto", "str")
-    devices: Any = option(1, "any")
+    devices: Any = option(1, "any", accepts=_devices_ok, message=DEVICES_MESSAGE)
+    # auto (one process) | ddp (Lightning DDP: one process per device, `devices` x `num_nodes` in all;
+    # conf/trainer/ddp.yaml, docs/gpu.md)
+    strategy: str = option("auto", "str", choices=("auto", "ddp"))
+    num_nodes: int = option(1, "int", low=1)  # nodes of a DDP run (SLURM: one task per device on each)
     deterministic: Any = option(False, "any")
     log_every_n_steps: int = option(10, "int", low=1)
     enable_progress_bar: bool = option(True, "bool")
@@ -274,8 +292,8 @@ class TrainerConfig:
         return {**own, **self.extra}
 
 
-TRAINER_KEYS = ("loop", "max_epochs", "accelerator", "devices", "deterministic", "log_every_n_steps",
-                "enable_progress_bar", "enable_model_summary", "gradient_clip_val", "limit_train_batches",
+TRAINER_KEYS = ("loop", "max_epochs", "accelerator", "devices", "strategy", "num_nodes", "deterministic",
+                "log_every_n_steps", "enable_progress_bar", "enable_model_summary", "gradient_clip_val", "limit_train_batches",
                 "limit_val_batches")
 
 

@@ -52,6 +52,7 @@ def check_combinations(run: RunConfig) -> None:
     """Every combination check below, in the order a user meets them."""
     check_data_sizes(run.data)  # sizes against the data set (toy2d classes, a fifth of the images to validation)
     check_root(run)
+    check_trainer(run)
     check_laplace(run)
     check_augmentation(run)
     check_landscape_run(run.evaluation, run.curvature.hessian_structure, run.needs_posthoc_laplace)
@@ -89,6 +90,29 @@ def check_root(run: RunConfig) -> None:
     _require(run.prior_in_map_loss or (not run.marglik.online and not grid),
              "prior_in_map_loss=false needs marglik.mode in ['off', 'posthoc'] and map_grid=null (online marglik "
              "and the weight-decay grid act through the prior term of the loss)")
+
+
+def check_trainer(run: RunConfig) -> None:
+    """``trainer.strategy`` with the process counts and the features a DDP run supports: several
+    devices or nodes need ``strategy=ddp``; DDP trains one network (no map_grid, no ensemble) with
+    the non-fused online marglik and no augmentation (``training.online_marglik``)."""
+    t = run.trainer
+    devices = len(t.devices) if isinstance(t.devices, (list, tuple)) else t.devices
+    many = (isinstance(devices, int) and devices > 1) or t.num_nodes > 1
+    _require(not many or t.strategy == "ddp",
+             f"trainer.devices={t.devices!r} with trainer.num_nodes={t.num_nodes} runs several processes: it needs "
+             f"trainer.strategy=ddp (trainer=ddp); got trainer.strategy={t.strategy!r}. Allowed with "
+             "strategy=auto: trainer.devices=1 and trainer.num_nodes=1")
+    if t.strategy != "ddp":
+        return
+    unsupported = [name for name, on in (
+        ("map_grid", bool(run.map_grid)), ("ensemble.enabled=true", run.ensemble.enabled),
+        ("marglik.fused=true", run.marglik.online and run.marglik.fused),
+        (f"augmentation.mode={run.augmentation.mode!r}", run.augmentation.wraps_model)) if on]
+    _require(not unsupported,
+             f"trainer.strategy=ddp (trainer=ddp) trains one network with the non-fused online marglik; not "
+             f"supported with it: {', '.join(unsupported)}. Allowed: map_grid=null, ensemble.enabled=false, "
+             "marglik.fused=false, augmentation=none, or trainer.strategy=auto")
 
 
 def _stray_options(curvature: dict, declared: tuple[str, ...]) -> list[str]:

@@ -16,6 +16,7 @@ Each check raises ``ValueError`` naming the option and the allowed values.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -179,6 +180,10 @@ def group_schema(group: str) -> dict[str, frozenset]:
         for key, value in (node or {}).items():
             if key != "defaults":
                 _record(schema, key, value)
+    if group == "trainer":  # options of kind "any" (devices: int, "auto" or a list): their Spec checks them
+        for f in dataclasses.fields(TrainerConfig):
+            if "spec" in f.metadata and f.metadata["spec"].kind == "any":
+                schema[f.name] = set()
     return {k: frozenset(v) for k, v in schema.items()}
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, MutableMapping
 import torch
 from torch import nn
 
-from laplace_lab.laplace import backends, checks, predictive
+from laplace_lab.laplace import backends, checks, distributed, predictive
 from laplace_lab.laplace.backends import backend_names
 from laplace_lab.laplace.capture import Streamed
 from laplace_lab.laplace.compat_matrix import Kron
@@ -167,6 +167,9 @@ class Laplace:
             before allocating when the structure's planned peak (``laplace.plan``) exceeds it, naming
             the alternatives that fit, and the predictive lowers ``chunk_size`` to what fits. ``None``:
             no plan, no check.
+        process_group: fit across processes (``laplace.distributed``): "auto" (default) sums every
+            rank's shard once ``torch.distributed`` is initialised with more than one process; ``None``
+            fits this process's data alone; or a ``torch.distributed.ProcessGroup``.
         **options: the structure's declared ``options`` as keywords too, e.g. lowrank's
             ``n_eigs=100`` (``structure_options`` wins); a keyword no argument and no option of the
             structure takes is a ``TypeError``.
@@ -206,6 +209,7 @@ class Laplace:
         dict_key_x: str = "input_ids",
         dict_key_y: str = "labels",
         memory_budget: float | None = DEFAULT_MEMORY_BUDGET,
+        process_group="auto",
         **options,
     ):
         likelihood = _check_choice("likelihood", likelihood, LIKELIHOODS)
@@ -216,6 +220,7 @@ class Laplace:
         if feature_reduction is not None:
             feature_reduction = _check_choice("feature_reduction", feature_reduction, FeatureReduction.values())
         self.feature_reduction = feature_reduction
+        self.process_group = distributed.check_process_group(process_group)
         self.enable_backprop = bool(enable_backprop)
         self.dict_key_x, self.dict_key_y = dict_key_x, dict_key_y
         self.memory_budget = check_budget(memory_budget)
@@ -418,6 +423,8 @@ class Laplace:
     def fit(self, train_loader: Iterable, override: bool = True, progress_bar: bool = False) -> None:
         """One pass over ``train_loader`` (yields ``(X, y)`` or a dict batch with ``dict_key_y`` holding the
         targets, the whole dict being the model input): ``fit_begin``, ``fit_batch``, ``fit_end``."""
+        if distributed.fit_group(self) is not None:
+            distributed.check_shard_loader(train_loader)
         total = len(train_loader) if hasattr(train_loader, "__len__") else None
         train_loader = self._check_memory(train_loader)
         if progress_bar:
@@ -427,6 +434,9 @@ class Laplace:
             if not override:
                 raise ValueError(f"override=False is not supported with hessian_structure={self.hessian_structure!r}")
             self.fit_begin()
+            group = distributed.fit_group(self)
+            if group is not None:  # before the structure's first collective (its operator's products)
+                distributed.check_agreement(self, group)
             self.loss, self.n_data, self.n_outputs = self._structure.fit(self, train_loader)
             checks.data_seen(self)
             return self.fit_end()
@@ -475,6 +485,10 @@ class Laplace:
 
     def fit_begin(self, override: bool = True) -> None:
         """Reset the accumulators (``override``), switch the model to eval mode, store the mean."""
+        distributed.check_reducible(self)
+        if not override and distributed.fit_group(self) is not None:
+            raise ValueError("override=False with a process group would add the earlier (already summed) fit "
+                             "once per rank; fit all shards in one fit, or pass process_group=None")
         if override:
             self.reset_accumulators()
         self._was_training = self.model.training
@@ -529,8 +543,18 @@ class Laplace:
 
     @engine_numerics
     def fit_end(self) -> None:
-        """Finalise (e.g. KFAC eigendecompositions) and restore the model's train/eval mode. ``ValueError``
-        (``checks.fit_complete``) for an empty fit, non-finite inputs / outputs / targets / curvature."""
+        """Across processes (``process_group``), sum the ranks' shards (``distributed.reduce_fit``);
+        finalise (e.g. KFAC eigendecompositions) and restore the model's train/eval mode. ``ValueError``
+        (``checks.fit_complete``) for an empty fit, non-finite inputs / outputs / targets / curvature
+        (after the reduction: every rank judges the summed fit)."""
+        group = distributed.fit_group(self)
+        if group is not None:
+            try:
+                distributed.check_reducible(self)
+                distributed.reduce_fit(self, group)
+            except Exception:
+                self.model.train(getattr(self, "_was_training", self.model.training))
+                raise
         checks.fit_complete(self)
         self._structure.finalize()
         self._fitted = True

@@ -45,6 +45,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from laplace_lab.sweeps import lock, signals
+from laplace_lab.sweeps.ranks import is_first_process
 from laplace_lab.sweeps.run_only import sweep_dirname, sweeper_choice
 from laplace_lab.sweeps.status import (
     LAUNCH_ENV,
@@ -147,6 +148,8 @@ class SweepSummary(Callback):
         """A single run: lock its folder (``hydra.run.dir``) before Hydra writes into it, so a second
         run into the same folder is refused instead of mixing their files (``sweeps.lock``)."""
         run_dir = Path(str(OmegaConf.select(config, "hydra.run.dir")))
+        if not is_first_process():  # a DDP rank > 0 in the folder of rank 0, which holds the lock
+            return
         try:
             self.run_lock_fd = lock.acquire(run_dir, {**new_launch(), "pid": os.getpid()}, what="run folder",
                                             advice=lock.RUN_ADVICE)

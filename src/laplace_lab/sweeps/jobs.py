@@ -38,6 +38,7 @@ from hydra.types import RunMode
 from laplace_lab.io.atomic import write_text_atomic
 from laplace_lab.io.wandb_offline import sync_hint
 from laplace_lab.sweeps.devices import device_record
+from laplace_lab.sweeps.ranks import is_first_process
 from laplace_lab.sweeps.run_only import job_dirname
 from laplace_lab.sweeps.signals import JobInterrupted
 from laplace_lab.sweeps.status import (
@@ -140,7 +141,8 @@ def _run_tracked(run_fn: RunFn, cfg: Any, output_dir: Path) -> float:
         try:
             return objective(run_fn(cfg, output_dir), key)
         except JobInterrupted as err:
-            _mark_interrupted(output_dir, err)
+            if is_first_process():
+                _mark_interrupted(output_dir, err)
             raise
     hc = HydraConfig.get()
     name = job_dirname(hc.overrides.task)
@@ -149,6 +151,10 @@ def _run_tracked(run_fn: RunFn, cfg: Any, output_dir: Path) -> float:
     fingerprint = config_fingerprint(cfg)
     finished = is_finished(output_dir)
     old_hash = (read_status(output_dir) or {}).get("config_hash", fingerprint)  # none: a marker from before hashes
+    if not is_first_process():  # a DDP rank > 0 (e.g. a SLURM task): it trains when rank 0 does; rank 0 keeps the records
+        if finished and unchanged_config(old_hash, cfg):
+            return objective(read_metrics(output_dir), key)
+        return objective(run_fn(cfg, output_dir), key)
     if finished and not unchanged_config(old_hash, cfg):
         log.warning("Job #%s %s finished before with a different config (hash %s, now %s): running it again",
                     hc.job.num, name, old_hash, fingerprint)

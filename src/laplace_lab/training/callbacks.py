@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from laplace_lab.config.schema import RunConfig
+from laplace_lab.sweeps.ranks import is_first_process
 from laplace_lab.training.epoch_eta import EpochETA
 from laplace_lab.training.online_marglik import OnlineMarglikCore
 from laplace_lab.training.resume import checkpoint_dir
@@ -77,4 +78,4 @@ def epoch_eta(run: RunConfig, output_dir: Path, loop: str) -> list:
         from laplace_lab.training.lightning_classes import lightning_twin
 
         cls = lightning_twin(cls)
-    return [cls(output_dir, label)]
+    return [cls(output_dir if is_first_process() else None, label)]  # DDP: rank 0 writes progress.json

@@ -23,7 +23,14 @@ class MAPModule(MAPCore, pl.LightningModule):
 
     trainer = pl.LightningModule.trainer
     current_epoch = pl.LightningModule.current_epoch
-    log_dict = pl.LightningModule.log_dict
+
+    def log_dict(self, values, **kwargs) -> None:
+        """Lightning's ``log_dict``; over several processes (DDP) epoch values are averaged over the
+        ranks (``sync_dist``): validation means of each rank's shard, hyperparameters (equal on every
+        rank) unchanged, and no warning per key."""
+        if kwargs.get("on_epoch", True) and self._trainer is not None and self._trainer.world_size > 1:
+            kwargs.setdefault("sync_dist", True)
+        pl.LightningModule.log_dict(self, values, **kwargs)
 
 
 class OnlineMarglik(OnlineMarglikCore, pl.Callback):

@@ -37,6 +37,8 @@ PLAIN_TRAINER: dict[str, tuple[Callable[[Any], bool], str]] = {
     "max_epochs": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1"),
     "accelerator": (lambda v: str(v).lower() in ("auto", "cpu", "gpu", "cuda"), "auto, cpu, gpu or cuda"),
     "devices": (_one, "1"),
+    "strategy": (lambda v: v == "auto", "auto"),
+    "num_nodes": (_one, "1"),
     "deterministic": (lambda v: v in (False, None), "false or null"),
     "log_every_n_steps": (lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
     "enable_progress_bar": (lambda v: True, "any"),

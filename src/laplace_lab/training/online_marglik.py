@@ -48,6 +48,7 @@ from torch import nn
 from laplace_lab import lazy_attributes
 from laplace_lab.config.schema import MarglikConfig as M  # the options' defaults, declared once
 from laplace_lab.laplace import Laplace
+from laplace_lab.laplace.distributed import ShardBatches
 from laplace_lab.laplace.hyper import MarglikOptimizer
 from laplace_lab.laplace.marglik_schedule import is_marglik_epoch, marglik_epochs  # noqa: F401 (re-exported)
 from laplace_lab.training.hyperparameters import (
@@ -64,6 +65,11 @@ if TYPE_CHECKING:  # annotations only: Lightning is imported where a Lightning T
     from laplace_lab.training.module import MAPModule
 
 log = logging.getLogger(__name__)
+
+
+def _world_size(trainer) -> int:
+    """The number of training processes (Lightning DDP), 1 for the plain loop or without a trainer."""
+    return int(getattr(trainer, "world_size", 1) or 1)
 
 
 def warn_rejected(rejected: int, n_steps: int, epoch: int) -> None:
@@ -128,6 +134,7 @@ class OnlineMarglikCore:
         self.fused = fused
         self._fused = None  # the FusedCurvature of the current accumulation epoch
         self._fused_time = 0.0
+        self._world = 1  # training processes (Lightning DDP's world size), set by on_fit_start
         self.hyper: MarglikOptimizer | None = None  # created at the first marglik step
         self.hyper_steps_done = 0
         self.n_rejected = 0
@@ -144,6 +151,8 @@ class OnlineMarglikCore:
         return Laplace(
             module.model, module.likelihood, prior_precision=1.0, prior_structure=self.prior_structure,
             temperature=module.temperature, seed=self.hyper_steps_done, example_input=x, **self.laplace_kwargs,
+            # several processes (Lightning DDP): the fit loader is this rank's shard, summed over the ranks
+            process_group="auto" if self._world > 1 else None,
         )
 
     @property
@@ -190,6 +199,14 @@ class OnlineMarglikCore:
     def on_fit_start(self, trainer: pl.Trainer, module: MAPModule) -> None:
         """Reject fused mode on networks with BatchNorm before any training: its train-mode batch
         statistics couple the samples (no per-sample gradients to accumulate)."""
+        self._world = _world_size(trainer)
+        if self._world > 1:
+            from laplace_lab.models.augmentation import AugmentedModel
+
+            if self.fused or isinstance(module.model, AugmentedModel):
+                raise ValueError("online marglik over several processes (Lightning DDP) fits the Laplace on each "
+                                 "rank's shard with marglik.fused=false and a plain model; fused mode and "
+                                 "augmented models are not supported there")
         norms = [n for n, m in module.model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
         if self.fused and norms:
             raise ValueError(f"marglik.fused=true does not support BatchNorm layers (found {norms[:3]}); "
@@ -222,8 +239,10 @@ class OnlineMarglikCore:
             la, self._fused, module.fused_curvature = self._fused.la, None, None
         else:
             la = self._make_laplace(module)
-            self.last_factors = fit_for_marglik(
-                la, module, trainer.datamodule.train_eval_dataloader(batch_size=self.fit_batch_size))
+            loader = trainer.datamodule.train_eval_dataloader(batch_size=self.fit_batch_size)
+            if self._world > 1:  # DDP: every rank fits its share of the batches; the engine sums them
+                loader = ShardBatches(loader, self._world, trainer.global_rank)
+            self.last_factors = fit_for_marglik(la, module, loader)
             self.last_factors_epoch = trainer.current_epoch
         if self.log_prior is None:
             self.init_hyperparameters(module, la)

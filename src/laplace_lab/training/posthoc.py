@@ -36,7 +36,8 @@ def fit_posthoc_laplace(run: RunConfig, module: MAPCore, datamodule: LabDataModu
     structure, c, marglik = run.prior.structure, run.curvature, run.marglik
     la = Laplace(module.model, module.likelihood, prior_precision=1.0, prior_structure=structure,
                  sigma_noise=sigma, temperature=module.temperature, seed=run.seed,
-                 example_input=example_input(datamodule.input_shape, module.model), **c.laplace_kwargs())
+                 example_input=example_input(datamodule.input_shape, module.model), **c.laplace_kwargs(),
+                 process_group=None)  # its loader is the whole training set on every rank: nothing to sum
     la.prior_precision = initial_log_prior(module.prior_precision, module.model, la.params, structure,
                                            groups=la.prior_groups).exp()
     loader = datamodule.train_eval_dataloader(batch_size=c.fit_batch_size)

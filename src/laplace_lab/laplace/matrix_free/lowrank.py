@@ -33,6 +33,7 @@ from typing import NamedTuple
 import torch
 
 from laplace_lab.laplace.capture import Call
+from laplace_lab.laplace.distributed import all_reduce_sum, fit_group
 from laplace_lab.laplace.matrix_free.ggn_operator import OPERATOR_CURVATURES, GGNOperator
 from laplace_lab.laplace.matrix_free.lanczos import lanczos
 from laplace_lab.laplace.modules import per_sample_grads
@@ -78,6 +79,7 @@ class LowRankStructure(Structure):
     curvatures = tuple(OPERATOR_CURVATURES)
     options = ("n_eigs",)
     self_fitting = True
+    shard_reduction = "operator"  # across processes: every Lanczos product summed over the ranks' shards
 
     @classmethod
     def check_options(cls, options: dict, key=str) -> None:
@@ -121,12 +123,18 @@ class LowRankStructure(Structure):
                              f"'lowrank'; got {la.curvature!r}")
         self.op = GGNOperator(la.model, la.lik, data, params=la.params, curvature=la.curvature,
                               chunk_size=self.chunk_size, vec_chunk=self.vec_chunk)
-        loss, n_data, n_outputs = self.op.loss()
+        loss, n_data, n_outputs = self.op.loss()  # this rank's; Laplace.fit_end sums them across processes
         k = min(self.n_eigs, self.n_params)
         steps = None if self.n_steps is None else min(max(self.n_steps, k), self.n_params)
-        gen = torch.Generator(device=self.device).manual_seed(self.seed)
-        lam, U = lanczos(self.op.matvec, self.n_params, k, steps, device=self.device, dtype=self.dtype,
-                         generator=gen, block_size=min(self.block_size, steps or k), matmat=self.op.matmat)
+        gen = torch.Generator(device=self.device).manual_seed(self.seed)  # the same start on every rank
+        matmat = self.op.matmat
+        group = fit_group(la)
+        if group is not None:  # shard_reduction "operator": H V = sum over the ranks' shards
+            def matmat(V):
+                return all_reduce_sum(self.op.matmat(V), group, "the sum of a lowrank Lanczos product")
+        lam, U = lanczos(lambda v: matmat(v.reshape(-1, 1))[:, 0], self.n_params, k, steps, device=self.device,
+                         dtype=self.dtype, generator=gen, block_size=min(self.block_size, steps or k),
+                         matmat=matmat)
         self.set_eigenpairs(lam, U)
         return loss, n_data, n_outputs
 

@@ -44,6 +44,11 @@ class Structure:
     # with ``inputs=False`` skipping what depends on the inputs alone (the capture backend then streams
     # a large batch, ``capture.Streamed``)
     factor_chunks = False
+    # How a fit across processes (``laplace.distributed``) combines the ranks' shards: "sum" (the
+    # tensors of ``shard_sums`` add over disjoint shards; the engine sums them before ``finalize``),
+    # "operator" (a self-fitting structure that sums each product of its operator during ``fit``) or
+    # None (cannot be reduced: a distributed fit raises, naming the structure, before any data pass)
+    shard_reduction: str | None = None
 
     @classmethod
     def check_options(cls, options: dict, key=str) -> None:
@@ -77,6 +82,16 @@ class Structure:
         outside the engine (e.g. ``differentiable_marglik``'s averaged-model factors)."""
         raise ValueError(f"hessian_structure={self.name!r} does not take per-layer curvature from outside "
                          "the engine")
+
+    def shard_sums(self) -> dict[str, torch.Tensor]:
+        """``shard_reduction == "sum"``: every accumulator as a tensor, by a name that is the same on
+        every rank, whose sum over the ranks' shards is the accumulator of all the data. The engine
+        sums them (in place) and hands them back to ``set_shard_sums`` before ``finalize``."""
+        raise ValueError(f"hessian_structure={self.name!r} declares no reduction over processes "
+                         f"(shard_reduction={self.shard_reduction!r})")
+
+    def set_shard_sums(self, sums: dict[str, torch.Tensor]) -> None:
+        """Take the summed ``shard_sums()`` back (default: nothing to do, they were summed in place)."""
 
     def finalize(self) -> None:
         """Called once after the data pass (decompositions that queries reuse)."""

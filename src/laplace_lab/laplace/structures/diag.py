@@ -14,6 +14,7 @@ class DiagStructure(Structure):
     supports_fused = True
     factor_chunks = True
     name = "diag"
+    shard_reduction = "sum"
 
     def reset(self):
         self.h = torch.zeros(self.n_params, device=self.device, dtype=self.dtype)
@@ -34,6 +35,9 @@ class DiagStructure(Structure):
         if h.numel() != self.n_params:
             raise ValueError(f"load_layer_curvature: {h.numel()} diagonal entries for {self.n_params} parameters")
         self.h = h.to(self.h.dtype)
+
+    def shard_sums(self):
+        return {"h": self.h}
 
     @property
     def H(self) -> torch.Tensor:

@@ -48,6 +48,7 @@ def _linear_full_block(m: nn.Linear, names, a: torch.Tensor, g: torch.Tensor) ->
 class FullStructure(Structure):
     name = "full"
     dense_cholesky = True
+    shard_reduction = "sum"
 
     def reset(self):
         self._H = None  # allocated on the first accumulate: constructing a Laplace costs no memory
@@ -59,6 +60,9 @@ class FullStructure(Structure):
 
     def finalize(self):
         self._H_acc()  # an empty data pass leaves H = 0
+
+    def shard_sums(self):
+        return {"H": self._H_acc()}  # float64, summed in float64
 
     @property
     def H(self) -> torch.Tensor | None:

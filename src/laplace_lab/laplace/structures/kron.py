@@ -161,6 +161,7 @@ class KronStructure(Structure):
     supports_fused = True
     factor_chunks = True
     name = "kron"
+    shard_reduction = "sum"
     prior_structures = ("scalar", "layerwise")
     any_block_order = True
     options = ("kfac_approx",)
@@ -206,6 +207,18 @@ class KronStructure(Structure):
                 d = diag_sq(e.module, e.names, r.calls)
                 for n in e.names:
                     raw[n] = raw[n] + d[n] if n in raw else d[n]
+
+    def shard_sums(self):
+        """``"<entry>.<key>"``: each entry's raw sums (``A``, ``G``, ``rows`` as an int64 tensor; or the
+        diagonal of a non-KFAC tensor). A module never called on this rank has no keys, so an empty
+        shard shows up in the engine's agreement check."""
+        return {f"{i}.{k}": (torch.as_tensor(v, device=self.device) if k == "rows" else v)
+                for i, raw in enumerate(self.raw) for k, v in sorted(raw.items())}
+
+    def set_shard_sums(self, sums):
+        for name, v in sums.items():
+            i, k = name.split(".", 1)
+            self.raw[int(i)][k] = int(v.item()) if k == "rows" else v
 
     @staticmethod
     def _eigh(M):
