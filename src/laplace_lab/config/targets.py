@@ -24,7 +24,7 @@ a callable takes only the classes listed for that slot (``SLOTS``: "``model._tar
   ``check_hydra_node`` runs on what it returns. This is the earliest point that sees the composed
   config: Hydra configures ``hydra_logging`` right after it, then builds the callbacks, the sweeper,
   the launcher and (per job) ``job_logging``, so nothing of the ``hydra`` node is called before the
-  check passes. ``laplace_lab.train`` installs it at import; the error is a ``CompactHydraException``
+  check passes. The options that become folders (``config.paths``) are checked there too. ``laplace_lab.train`` installs it at import; the error is a ``CompactHydraException``
   (Hydra prints the message alone, exit status 1).
 """
 
@@ -36,6 +36,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from hydra.errors import CompactHydraException
+
+from laplace_lab.config.paths import check_composed
 
 DATA_MODULES = frozenset({
     "laplace_lab.data.Toy2DDataModule", "laplace_lab.data.SinusoidDataModule", "laplace_lab.data.UCIDataModule",
@@ -325,6 +327,7 @@ def guard_hydra_config() -> None:
     def checked(self, *args, **kwargs):
         config = original(self, *args, **kwargs)
         _compact(check_hydra_node, config)
+        _compact(check_composed, config)  # the folders Hydra is about to make (config.paths)
         return config
 
     ConfigLoaderImpl.load_configuration = checked
