@@ -76,6 +76,9 @@ COMMAND_LINE = {
     "a target outside any slot": (lambda s, d: [f"+hydra.callbacks.sweep_eta.x={COPY % (s, d)}".replace(" ", "")],
                                   r"hydra.callbacks.sweep_eta.x._target_='shutil.copyfile' is not allowed: "
                                   r"hydra.callbacks.sweep_eta.x is not a slot that takes a class"),
+    "a preloaded library": (lambda s, d: [f"+hydra.job.env_set.LD_PRELOAD={s}"],
+                            r"hydra.job.env_set.LD_PRELOAD is not allowed: it changes what code a job loads"),
+    "a python path": (lambda s, d: [f"+hydra.job.env_set.PYTHONPATH={s}"], r"env_set.PYTHONPATH is not allowed"),
 }
 PRESETS = {
     "oc.create callback": ("hydra:\n  callbacks:\n    x: \"${oc.create:'" + COPY + "'}\"\n",

@@ -18,7 +18,8 @@ a callable takes only the classes listed for that slot (``SLOTS``: "``model._tar
   The keys that name a callable (``_target_``, ``class``, ``()``) must be literal. The logging
   configs may use the stream and file handlers only, the file under ``${hydra.runtime.output_dir}``,
   formatters without a factory and no ``ext://`` / ``cfg://`` value but the two standard streams;
-  Optuna's ``custom_search_space`` (a callable named by text) must be null.
+  Optuna's ``custom_search_space`` (a callable named by text) must be null; ``hydra.job.env_set``
+  may not set what decides which code runs (``LD_PRELOAD``, ``PYTHONPATH``, ``PATH``, ...).
 - ``guard_hydra_config()``: wraps Hydra's ``ConfigLoaderImpl.load_configuration`` (Hydra 1.3), which
   composes the config of a run, of a multirun and of each job of a sweep, so that
   ``check_hydra_node`` runs on what it returns. This is the earliest point that sees the composed
@@ -106,6 +107,9 @@ LOGGING_KEYS = {  # logging.config.dictConfig: the keys each part may hold (no "
 LOG_HANDLERS = frozenset({"logging.StreamHandler", "logging.FileHandler"})
 LOG_STREAMS = frozenset({"ext://sys.stdout", "ext://sys.stderr"})
 LOG_DIR = "${hydra.runtime.output_dir}/"  # a FileHandler writes under the job's own folder
+# hydra.job.env_set names that change what code a job (or a program it starts) loads or runs
+CODE_ENV = frozenset({"PATH", "BASH_ENV", "ENV", "PERL5LIB", "NODE_OPTIONS"})
+CODE_ENV_PREFIXES = ("LD_", "DYLD_", "PYTHON")
 _RESOLVER = re.compile(r"\$\{\s*([A-Za-z_][\w.\-]*)\s*:")
 _NAME = re.compile(r"^[\w.\-]+$")
 
@@ -188,6 +192,11 @@ def check_hydra_node(config: Any) -> None:
     for name, node in logging.items():
         if node is not None:
             _check_logging(node, name)
+    env_set = _get(root, "hydra.job.env_set") or {}
+    for name in env_set if isinstance(env_set, Mapping) else ():
+        if str(name).startswith(CODE_ENV_PREFIXES) or name in CODE_ENV:
+            raise ValueError(f"hydra.job.env_set.{name} is not allowed: it changes what code a job loads or runs "
+                             f"(refused: {sorted(CODE_ENV)} and names starting with {list(CODE_ENV_PREFIXES)})")
     custom = _get(root, "hydra.sweeper.custom_search_space")
     if custom is not None:
         raise ValueError(f"hydra.sweeper.custom_search_space={custom!r} is not allowed; allowed: null (it names a "
