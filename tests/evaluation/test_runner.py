@@ -108,8 +108,9 @@ def test_regression_run(tmp_path):
     metrics = run_evaluation({"progress": False}, "regression", {"map": overconfident, "la": good}, loader,
                              out_dir=tmp_path, logger=CSVLogger(tmp_path / "csv"),
                              target_mean=float(y.mean()), target_std=sd)
-    assert set(metrics) == {f"test/{p}/{m}" for p in ("map", "la")
-                            for m in ("ll", "rmse", "cov_50", "cov_90", "cov_95")}
+    names = ("ll", "rmse", "cov_50", "cov_90", "cov_95")
+    assert set(metrics) == {f"test/{p}/{m}" for p in ("map", "la") for m in names} | {f"noise/test/{m}" for m in names}
+    assert metrics["noise/test/ll"] > 0 and metrics["noise/test/rmse"] == 0.0  # same means: no RMSE difference
     assert metrics["test/la/rmse"] == pytest.approx(0.3, rel=0.25)  # original units
     assert metrics["test/la/cov_95"] > 0.85 and metrics["test/map/cov_95"] < 0.3
     assert metrics["test/la/ll"] > metrics["test/map/ll"]

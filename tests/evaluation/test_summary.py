@@ -23,14 +23,46 @@ def test_verdicts_name_what_got_worse():
                "shift/rot_0/map/nll": 0.1, "shift/rot_0/la/nll": 0.1, "shift/rot_90/map/nll": 3.0,
                "shift/rot_90/la/nll": 2.0, "test/de/nll": 0.01}
     assert _verdicts(metrics) == {"test/nll": "worse", "test/acc": "same", "test/ece": "same",
-                                  "ood/far_away/conf": "better", "ood/far_away/auroc": "better",
+                                  "ood/far_away/conf": "better", "ood/far_away/auroc": "worse than chance (both)",
                                   "shift/rot_mean/nll": "better"}
     text = format_summary(metrics, "last-layer KFAC-GGN, GLM predictive (MC)", "toy2d moons", far_away_alpha=100)
     assert text.splitlines()[0] == "What Laplace (last-layer KFAC-GGN, GLM predictive (MC)) changed against the MAP on toy2d moons:"
     assert "mean confidence on far-away inputs (test x 100)" in text
     assert "NLL on rotated test sets, mean of 2 angles" in text
     assert "  In distribution (test set): Laplace is worse on NLL; the same on ECE, accuracy." in text
-    assert "  Away from the training data: Laplace is better on confidence on far-away, AUROC vs far-away, NLL under rotation." in text
+    assert ("  Away from the training data: Laplace is better on confidence on far-away, NLL under rotation; like the "
+            "MAP worse than chance on AUROC vs far-away.") in text
+
+
+def test_a_difference_within_two_standard_errors_is_the_same_within_noise():
+    """noise/<key> is the standard error of la - map: beyond the tolerance but within 2 of them the
+    verdict is 'same within noise'; beyond, better / worse; without an estimate, the tolerance alone."""
+    base = {"test/map/nll": 0.300, "test/la/nll": 0.290, "test/map/ece": 0.050, "test/la/ece": 0.060,
+            "ood/far_away/map/conf": 0.99, "ood/far_away/la/conf": 0.95}
+    noisy = {**base, "noise/test/nll": 0.006, "noise/test/ece": 0.004, "noise/ood/far_away/conf": 0.025}
+    assert _verdicts(noisy) == {"test/nll": "same within noise", "test/ece": "worse",  # 0.010 <= 0.012; 0.010 > 0.008
+                                "ood/far_away/conf": "same within noise"}
+    assert _verdicts(base) == {"test/nll": "better", "test/ece": "worse", "ood/far_away/conf": "better"}
+    tight = {**noisy, "noise/test/nll": 0.0049, "noise/ood/far_away/conf": 0.019}
+    assert _verdicts(tight) == {"test/nll": "better", "test/ece": "worse", "ood/far_away/conf": "better"}
+    text = format_summary(noisy)
+    assert "0.3000   0.2900   0.0120  same within noise" in text  # the noise column: 2 standard errors
+    assert "Laplace is worse on ECE; the same within noise on NLL." in text
+    assert "-': not estimated" in text.splitlines()[-1]
+    assert "      -  better" in format_summary(base)
+
+
+def test_an_auroc_below_chance_is_worse_than_chance_whatever_moved():
+    both = {"ood/far_away/map/auroc": 0.0031, "ood/far_away/la/auroc": 0.0668, "noise/ood/far_away/auroc": 0.01}
+    one = {"ood/far_away/map/auroc": 0.30, "ood/far_away/la/auroc": 0.80, "noise/ood/far_away/auroc": 0.05}
+    worse = {"ood/noise/map/auroc": 0.60, "ood/noise/la/auroc": 0.45, "noise/ood/noise/auroc": 0.02}
+    above = {"ood/noise/map/auroc": 0.60, "ood/noise/la/auroc": 0.62, "noise/ood/noise/auroc": 0.02}
+    assert _verdicts(both) == {"ood/far_away/auroc": "worse than chance (both)"}
+    assert _verdicts(one) == {"ood/far_away/auroc": "better (MAP worse than chance)"}
+    assert _verdicts(worse) == {"ood/noise/auroc": "worse (Laplace worse than chance)"}
+    assert _verdicts(above) == {"ood/noise/auroc": "same within noise"}
+    assert "Laplace is like the MAP worse than chance on AUROC vs far-away." in format_summary(both)
+    assert "Laplace is better on AUROC vs far-away." in format_summary(one)
 
 
 def test_regression_coverage_is_better_when_closer_to_nominal():

@@ -1,5 +1,5 @@
 """Data that would give a wrong result fails before training, naming the file: leaky or empty UCI
-splits, an idx file of the wrong type, and a failed download of an optional OOD set leaves no empty
+splits, an idx file of the wrong type, and a failed download of a data set leaves no empty
 folders in the (maybe shared) data folder. Also: ``lock_wait_s=nan`` is rejected."""
 
 from __future__ import annotations

@@ -67,3 +67,35 @@ def test_hyperparameters_are_buffers_not_parameters():
     names = {n for n, _ in module.named_parameters()}
     assert not any("prior" in n or "sigma" in n for n in names)
     assert "prior_precision" in dict(module.named_buffers()) and "log_sigma_noise" in dict(module.named_buffers())
+
+
+def test_hyperparameter_buffers_follow_the_model_dtype(tmp_path):
+    """A float64 model's prior precision and noise live in float64 (no float32 rounding of the
+    values set: 0.8 is not a float32 number), also after ``.double()`` / ``.to(dtype)``, after the
+    setters, and through a state-dict round trip (what a checkpoint restore does)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double()
+    module = MAPModule(model, "regression", n_data=50, optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+                       prior_precision=0.1, sigma_noise=0.8)
+    assert module.prior_precision.dtype == module.log_sigma_noise.dtype == torch.float64
+    assert module.sigma_noise.item() == pytest.approx(0.8, rel=1e-15)  # float32 would be off by 1.5e-8
+    assert module.prior_precision[0].item() == 0.1
+
+    single = make_module(sigma_noise=0.8)  # a float32 model keeps float32 buffers
+    assert single.prior_precision.dtype == single.log_sigma_noise.dtype == torch.float32
+    for cast in (lambda m: m.double(), lambda m: m.to(torch.float64)):
+        moved = cast(make_module(sigma_noise=0.8))
+        moved.set_sigma_noise(0.3)
+        moved.set_prior_precision(torch.tensor(0.7, dtype=torch.float32))
+        assert moved.prior_precision.dtype == moved.log_sigma_noise.dtype == torch.float64
+        assert moved.sigma_noise.item() == pytest.approx(0.3, rel=1e-15)
+
+    module.set_sigma_noise(torch.tensor(0.1 + 1e-12, dtype=torch.float64))
+    module.set_prior_precision(torch.tensor([0.25 + 1e-12, 1.0, 2.0, 3.0], dtype=torch.float64))
+    torch.save(module.state_dict(), tmp_path / "state.pt")
+    restored = MAPModule(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double(), "regression",
+                         n_data=50, optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    restored.load_state_dict(torch.load(tmp_path / "state.pt"))
+    assert restored.log_sigma_noise.dtype == restored.prior_precision.dtype == torch.float64
+    assert torch.equal(restored.log_sigma_noise, module.log_sigma_noise)
+    assert torch.equal(restored.prior_precision, module.prior_precision)

@@ -84,6 +84,8 @@ def test_map_cache_reuses_training(tmp_path):
     second = run(compose_config(base + ["predictive=map", "curvature=diag", "prior=normgroups"]), tmp_path / "b")
     assert "map_cache/hit" not in first and second["map_cache/hit"] == 1.0
     assert second["test/map/nll"] == first["test/map/nll"]
+    # a cache hit still reports the sweep objective (Optuna's): the cached network's validation NLL
+    assert second["val/nll"] == pytest.approx(first["val/nll"], rel=1e-5)
     third = run(compose_config(base + ["seed=3"]), tmp_path / "c")
     assert "map_cache/hit" not in third
 

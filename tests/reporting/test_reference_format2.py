@@ -51,11 +51,17 @@ def peer(id_, method, metric, **extra):
             "source": "authors' uq.py run here", **extra}
 
 
+PEERS = {"peer/authors.csv": {"code": "authors", "what": "the authors' uq.py, end to end"}}
+MARGINS = [{"metric": "*ece", "margin": 0.02, "reason": "two points of ECE"}]
+
+
 def write(tmp_path: Path, refs: list, csv_text: str = PEER_CSV, **top) -> Path:
     folder = tmp_path / "paper"
     (folder / "peer").mkdir(parents=True, exist_ok=True)
     (folder / "peer" / "authors.csv").write_text(csv_text)
     path = folder / "reference.yaml"
+    if any(e.get("kind") == "peer" for e in refs if isinstance(e, dict)):
+        top = {"peers": PEERS, "margins": MARGINS, **top}
     path.write_text(yaml.safe_dump({"format": 2, "preset": "toy", "paper": "Paper 2021 (Venue)", **top,
                                     "references": refs}, sort_keys=False))
     return path
@@ -77,11 +83,11 @@ def test_paper_values_judged_on_the_papers_error_bar(tmp_path):
         paper("absent", "mola", "ood/conf", "0.5", tolerance=0.1, tolerance_reason="r",
               not_run_reason="MoLA is not run in this table"),
     ])
-    assert out["close"].verdict == "reproduces" and out["far"].verdict == "does not reproduce"
+    assert out["close"].verdict == ref.REPRODUCES and out["far"].verdict == ref.MISSES
     assert "allowed ±0.02878" in out["close"].reference and "69.0±2.0 (std, n=4) × 0.01 = 0.69" in out["close"].reference
-    assert out["se_kind"].verdict == "does not reproduce"
+    assert out["se_kind"].verdict == ref.MISSES
     # stated: tolerance 0.02 + 2 se_ours 0.02 + half unit 0.005 = 0.045
-    assert out["stated_in"].verdict == "reproduces" and out["stated_out"].verdict == "does not reproduce"
+    assert out["stated_in"].verdict == ref.REPRODUCES and out["stated_out"].verdict == ref.MISSES
     assert out["absent"].verdict == "not run"
     assert out["absent"].why == "the table has no row {method_name=mola}; MoLA is not run in this table"
     assert out["close"].source == "Paper 2021, Table 2, row LA, column MMC; read from arXiv v3, p. 7"
@@ -89,38 +95,85 @@ def test_paper_values_judged_on_the_papers_error_bar(tmp_path):
                                0.01) == pytest.approx(2 * math.hypot(0.01, 0.01) + 0.0005)
 
 
-def test_peer_rows_are_judged_paired_seed_by_seed(tmp_path):
-    # d = 0.01, 0.005, 0.015: mean 0.01, se 0.005 / sqrt(3) = 0.00289; 2 se = 0.0058 < 0.01
+def test_peer_rows_are_an_equivalence_test_with_a_t_interval(tmp_path):
+    # la, test/la/ece: d = 0.01, 0.005, 0.015: mean 0.01, se 0.00289, t_2 = 4.303: interval [-0.00242, 0.0224]
     out = judged(tmp_path, [
-        peer("differs", "la", "test/la/ece"),
-        peer("tolerated", "la", "test/la/ece", tolerance=0.005, tolerance_reason="float32 sums"),
-        peer("same", "la", "test/map/ece"),
+        peer("inside", "la", "test/la/ece", margin=0.025, margin_reason="wide"),
+        peer("straddles", "la", "test/la/ece"),                          # the file's *ece margin 0.02
+        peer("outside", "la", "test/la/ece", margin=0.001, margin_reason="tight"),
+        peer("same", "la", "test/map/ece"),                              # d = 0 on every seed
+        peer("declared", "la", "test/la/ece", check="the same network on both sides"),
         peer("unpaired", "la_star", "test/la/ece", not_run_reason="theirs ran seed 1 only"),
     ])
-    assert out["differs"].verdict == ref.DIFFERS and out["tolerated"].verdict == ref.MATCHES
-    assert out["same"].verdict == ref.MATCHES  # d = 0 on every seed
-    assert out["differs"].ours == "ours - theirs: 0.01 ± 0.002887 (paired, n=3; allowed 2 se)"
-    assert out["differs"].reference == "authors' code: 0.51 (n=3)"
+    assert out["inside"].verdict == ref.MATCHES
+    assert out["straddles"].verdict == ref.INCONCLUSIVE
+    assert "95% interval [-0.002421, 0.02242] (t_2 = 4.3) vs margin ±0.02" in out["straddles"].ours
+    assert out["outside"].verdict == ref.INCONCLUSIVE  # the interval reaches inside ±0.001: not wholly outside
+    assert out["same"].verdict == ref.CHECK and "identical on every seed" in out["same"].why
+    assert out["declared"].verdict == ref.CHECK and out["declared"].why == "the same network on both sides"
+    assert out["inside"].reference == "authors' code: 0.51 (n=3)"
     assert out["unpaired"].verdict == "not run"
-    assert out["unpaired"].why.startswith("0 paired seed(s) (ours: [0], theirs: [1])")
+    assert out["unpaired"].why.startswith("no paired seed (ours: [0], theirs: [1])")
     assert out["unpaired"].why.endswith("theirs ran seed 1 only")
     mean, se, n, seeds = peer_pairs.paired({"ours": {0: 1.0, 1: 2.0, 5: 9.0}, "theirs": {0: 0.5, 1: 1.0}})
     assert (mean, n, seeds) == (0.75, 2, [0, 1]) and se == pytest.approx(0.25)
 
 
-def test_quoted_claims_are_judged_against_the_noise(tmp_path):
+def test_peer_code_labels_the_match_and_two_seeds_are_inconclusive(tmp_path):
+    two = PEER_CSV.replace("ours,2,la,", "ours,7,la,")  # seed 2 unpaired: 2 pairs left, d = 0.01, 0.005
+    peers = {"peer/authors.csv": {"code": "laplace-torch", "what": "laplace-torch on our recipe"}}
+    out = judged(tmp_path, [peer("lt", "la", "test/la/ece", margin=0.5, margin_reason="wide")], peers=peers)
+    assert out["lt"].verdict == ref.MATCHES_LAPLACE_TORCH and out["lt"].reference.startswith("laplace-torch: ")
+    path = write(tmp_path, [peer("two", "la", "test/la/ece", margin=0.5, margin_reason="wide")], csv_text=two)
+    verdict = ref.verdicts(ref.load_reference(path)["references"], ROWS, GROUP_BY)[0]
+    assert verdict.verdict == ref.INCONCLUSIVE and "2 paired seed(s): an equivalence test needs >= 3" in verdict.ours
+
+
+def test_a_far_peer_row_misses(tmp_path):
+    far = "\n".join(line.replace(",0.5", ",0.9").replace(",0.52,", ",0.92,").replace(",0.54,", ",0.94,")
+                    if line.startswith("ours") else line for line in PEER_CSV.splitlines())
+    path = write(tmp_path, [peer("far", "la", "test/la/ece")], csv_text=far)
+    verdict = ref.verdicts(ref.load_reference(path)["references"], ROWS, GROUP_BY)[0]
+    assert verdict.verdict == ref.MISSES  # d = 0.41, 0.405, 0.415: the whole interval beyond 0.02
+
+
+def test_quoted_claims_reproduce_only_beyond_noise_whatever_the_operator(tmp_path):
+    rows = ROWS + [{"method_name": "close", "test/ece": (0.0203, 0.001, 5), "ood/conf": (0.70, 0.01, 5)}]
     out = judged(tmp_path, [
-        claim("holds", "la", ">", "map"),             # 0.020 vs 0.010, noise 2*sqrt(2)*0.001 = 0.0028
+        claim("holds", "la", ">", "map"),             # 0.020 vs 0.010 (se 0.001 each): interval [0.0077, 0.0123]
         claim("fails", "la", "<", "map"),
-        claim("noise", "la_star", ">", "la"),         # 0.0215 vs 0.020: inside the noise
-        claim("noise_ok", "la_star", ">=", "la"),     # non-strict: within noise is consistent
-        claim("noise_not_ok", "la", ">=", "map", metric="ood/conf"),  # 0.70 vs 0.80: opposite beyond noise
+        claim("noise", "la_star", ">", "la"),         # 0.0215 vs 0.020: interval contains 0
+        claim("noise_le", "la_star", ">=", "la"),     # the same with >=: still inconclusive
+        claim("wrong_way", "la", ">=", "map", metric="ood/conf"),  # 0.70 vs 0.80: opposite beyond noise
+        claim("one_run", "one", ">", "map"),          # n = 1: no noise estimate
+        claim("not_worse", "close", "<=", "la", margin=0.005, margin_reason="half a point of ECE"),
         claim("absent", "la", "<", "mola"),
-    ])
-    assert [out[k].verdict for k in ("holds", "fails", "noise", "noise_ok", "noise_not_ok", "absent")] == [
-        "reproduces", "does not reproduce", "within noise", "reproduces", "does not reproduce", "not run"]
+    ], rows=rows)
+    assert {k: v.verdict for k, v in out.items()} == {
+        "holds": ref.REPRODUCES, "fails": ref.FAILS, "noise": ref.INCONCLUSIVE, "noise_le": ref.INCONCLUSIVE,
+        "wrong_way": ref.FAILS, "one_run": ref.INCONCLUSIVE, "not_worse": ref.REPRODUCES, "absent": "not run"}
     assert out["holds"].reference == 'la > map ("LA is better than MAP.")'
+    assert "(t = 2.31, Welch)" in out["holds"].why  # equal se and n = 5 each: 8 degrees of freedom
+    assert "non-inferiority margin 0.005" in out["not_worse"].why
     assert out["absent"].why == "the table has no row {method_name=mola}"
+
+
+def test_rules_by_hand():
+    from laplace_lab.reporting import verdict_rules as rules
+    assert rules.t_quantile(1) == pytest.approx(12.7062, abs=1e-4)
+    assert rules.t_quantile(4) == pytest.approx(2.7764, abs=1e-4)
+    assert rules.t_quantile(float("inf")) == pytest.approx(1.95996, abs=1e-5)
+    assert rules.welch_df(1.0, 5, 1.0, 5) == pytest.approx(8.0)
+    assert rules.half_unit("0.894") == 0.0005 and rules.half_unit("1") == 0.0 and rules.half_unit("58.8") == 0.05
+    # a printed "1" is a limit, not a rounding: 0.6 does not reproduce it (with a half unit it would)
+    assert rules.paper_decision(0.6, 0.0, 1.0, None, 0.0, rules.half_unit("1"))[0] == rules.MISSES
+    # non-inferiority: >= with margin 0.1: d = -0.05 +- small reproduces; d = -0.3 fails
+    assert rules.claim_decision(">=", (0.95, 0.001, 5), (1.0, 0.001, 5), 0.1)[0] == rules.REPRODUCES
+    assert rules.claim_decision(">=", (0.7, 0.001, 5), (1.0, 0.001, 5), 0.1)[0] == rules.FAILS
+    with pytest.raises(ValueError, match="needs op <= or >="):
+        rules.claim_decision(">", (0.95, 0.001, 5), (1.0, 0.001, 5), 0.1)
+    assert rules.peer_decision(0.0, 0.001, 3, 0.01, "m")[0] == "m"
+    assert rules.peer_decision(0.0, 0.001, 2, 0.01, "m")[0] == rules.INCONCLUSIVE
 
 
 def test_markdown_explains_each_kind_present_and_counts(tmp_path):
@@ -128,9 +181,9 @@ def test_markdown_explains_each_kind_present_and_counts(tmp_path):
                                                        tolerance_reason="r"), peer("q", "la", "test/map/ece")]))
     lines = ref.to_markdown(ref.verdicts(loaded["references"], ROWS, GROUP_BY), ["experiments/paper/reference.yaml"])
     text = "\n".join(lines)
-    assert "A paper value *reproduces*" in text and "A peer row pairs" in text and "A claim is judged" not in text
-    assert ("Totals: 1 reproduces, 0 does not reproduce, 1 matches the authors' code, "
-            "0 differs from the authors' code, 0 not run.") in text
+    assert "A paper value *reproduces the paper*" in text and "A peer row pairs" in text and "A claim (" not in text
+    assert ("Totals: 1 reproduces the paper, 0 matches the authors' code, 0 matches laplace-torch (same recipe), "
+            "0 inconclusive, 0 misses, 0 not run, 1 check.") in text
 
 
 @pytest.mark.parametrize("entry, message", [
@@ -155,6 +208,11 @@ def test_markdown_explains_each_kind_present_and_counts(tmp_path):
       "source": "s"}, r"entry 'v': field `kind`='value' is not supported in format 2.*write `paper` or `peer`"),
     (peer("q", "la", "test/la/ece", csv="/abs/peer.csv"), r"entry 'q': field `csv` must be a path relative"),
     (peer("q", "la", "test/la/ece", csv="../peer.csv"), r"entry 'q': field `csv` must be a path relative"),
+    (peer("q", "la", "test/la/ece", tolerance=0.1, tolerance_reason="r"),
+     r"entry 'q': field `tolerance`: a peer row is an equivalence test: give `margin`"),
+    (peer("q", "la", "test/la/ece", margin=0.1), r"entry 'q': field `margin` needs `margin_reason`"),
+    (peer("q", "la", "test/la/ece", check=""), r"entry 'q': field `check` must say why"),
+    (claim("c", "la", "<", "map", margin=0.1, margin_reason="r"), r"entry 'c': field `margin` makes a non-inferiority"),
     (peer("q", "la", "test/nll"), r"entry 'q', field `csv`: .*authors.csv: reference entry 'q': field `metric` "
                                   r"'test/nll' is not a column; allowed: \['test/la/ece', 'test/map/ece'\]"),
     (peer("q", "la", "test/la/ece", row={"data": "mnist"}), r"field `row` key\(s\) \['data'\] are not columns"),
@@ -199,9 +257,37 @@ def test_file_level_fields_of_format2(tmp_path):
         ref.load_reference(write(tmp_path, ok, headlines=[]))
 
 
+def test_peer_code_margins_and_retired_rows_are_declared_in_the_file(tmp_path):
+    q = peer("q", "la", "test/la/ece")
+    with pytest.raises(ref.ReferenceFileError, match=r"entry 'q': field `csv` 'peer/authors.csv' is not declared in "
+                                                     r"the top-level `peers`"):
+        ref.load_reference(write(tmp_path, [q], peers={"peer/other.csv": PEERS["peer/authors.csv"]}))
+    with pytest.raises(ref.ReferenceFileError, match=r"`code`='theirs' is not allowed; allowed: \['authors', "
+                                                     r"'laplace-torch'\]"):
+        ref.load_reference(write(tmp_path, [q], peers={"peer/authors.csv": {"code": "theirs", "what": "x"}}))
+    with pytest.raises(ref.ReferenceFileError, match=r"entry 'q': no equivalence margin for metric 'test/la/ece'"):
+        ref.load_reference(write(tmp_path, [q], margins=[{"metric": "*nll", "margin": 0.1, "reason": "r"}]))
+    with pytest.raises(ref.ReferenceFileError, match=r"`relative` a fraction in \(0, 1\)"):
+        ref.load_reference(write(tmp_path, [q], margins=[{"metric": "*", "relative": 2, "reason": "r"}]))
+    relative = [{"metric": "*ece", "relative": 0.05, "reason": "5 % of theirs"}]  # 0.05 * 0.51 = 0.0255
+    loaded = ref.load_reference(write(tmp_path, [q], margins=relative))
+    assert ref.verdicts(loaded["references"], ROWS, GROUP_BY)[0].verdict == ref.MATCHES
+    retired = [{"id": "old", "what": "LA NLL < MAP NLL.", "reason": "the paper states no such ordering"}]
+    loaded = ref.load_reference(write(tmp_path, [q], retired=retired))
+    assert loaded["retired"] == retired
+    text = "\n".join(ref.to_markdown(ref.verdicts(loaded["references"], ROWS, GROUP_BY), ["f"], loaded["retired"]))
+    assert "- `old`: LA NLL < MAP NLL. Retired because: the paper states no such ordering" in text
+    assert ref.load_reference(write(tmp_path, [q], findings=["ECE depends on its bins."]))["findings"] == [
+        "ECE depends on its bins."]
+    with pytest.raises(ref.ReferenceFileError, match=r"field `findings` must be a list of sentences"):
+        ref.load_reference(write(tmp_path, [q], findings="one string"))
+    with pytest.raises(ref.ReferenceFileError, match=r"id 'q' is also an entry of `references`"):
+        ref.load_reference(write(tmp_path, [q], retired=[dict(retired[0], id="q")]))
+
+
 def test_printed_cells_parse_with_their_precision():
     assert ref.parse_printed("58.8±1.2") == (58.8, 1.2, pytest.approx(0.05))
     assert ref.parse_printed("0.0123 +- 0.002") == (0.0123, 0.002, pytest.approx(0.00005))
-    assert ref.parse_printed("99 %") == (99.0, None, 0.5)
+    assert ref.parse_printed("99 %") == (99.0, None, 0.0)  # no decimals: a limit or count, no rounding
     with pytest.raises(ValueError, match="is not a printed number"):
         ref.parse_printed("n/a")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from laplace_lab.reporting import results_summary as rs
@@ -47,7 +48,11 @@ def setup(tmp_path: Path) -> tuple[Path, Path]:
     ]
     (exp / "paper" / "reference.yaml").write_text(yaml.safe_dump({
         "format": 2, "preset": "toy", "paper": "Paper et al. 2021 (Venue)",
-        "headline": [{"claim": "LA is calibrated", "ids": ["ece", "peer_ece"]}], "references": refs}))
+        "headline": [{"claim": "LA is calibrated", "ids": ["ece", "peer_ece"]}],
+        "peers": {"peer/a.csv": {"code": "authors", "what": "their repository, end to end"}},
+        "margins": [{"metric": "*ece", "margin": 0.5, "reason": "wide"}],
+        "retired": [{"id": "gone", "what": "LA NLL < MAP NLL.", "reason": "no sentence of the paper says so"}],
+        "references": refs}))
     (exp / "paper" / "reference_full.yaml").write_text(yaml.safe_dump({
         "format": 2, "preset": "toy", "tables": ["toy_full"], "paper": "Paper et al. 2021 (Venue)",
         "references": [dict(refs[0], id="ece_full")]}))
@@ -62,29 +67,63 @@ def test_render_counts_rows_per_table_with_headlines_and_reasons(tmp_path):
     exp, res = setup(tmp_path)
     text = rs.render(exp, res)
     assert "## Paper et al. 2021 (Venue)" in text
-    assert "- LA is calibrated: 1 reproduces, 1 matches the authors' code (rows: `ece`, `peer_ece`)" in text
-    assert "| [toy](toy.md) | 1 of 3 | 0 of 0 | 1 | 1 | 1 / 0 / 0 / 0 |" in text
-    assert "| peer CSVs (authors' code) | 0 of 0 | 1 of 1 | 0 | 0 | 0 / 0 / 0 / 0 |" in text
-    assert "| toy_full (not committed) | 0 of 1 | 0 of 0 | 0 | 1 | 0 / 0 / 0 / 0 |" in text
-    assert "Quantitative rows that miss: `conf` (toy)." in text and "Quoted orderings that fail" not in text
+    # the peer row: d = 0, 0 on two seeds: identical on every seed, so a check (never counted)
+    assert "- LA is calibrated: 1 reproduces the paper, 1 check (rows: `ece`, `peer_ece`)" in text
+    assert "| [toy](toy.md) | 1 of 3 | 1 of 1 | 0 of 0 | 0 of 0 | 0 | 1 | 0 | 1 | 0 |" in text
+    assert "| peer CSVs | 0 of 0 | 0 of 0 | 0 of 0 | 0 of 0 | 0 | 0 | 0 | 0 | 1 |" in text
+    assert "| toy_full (not committed) | 0 of 1 | 0 of 0 | 0 of 0 | 0 of 0 | 0 | 0 | 0 | 1 | 0 |" in text
+    assert "Rows that miss (1):\n\n- `conf` (toy): ours 0.7 ± 0.01 (n=3); 50.0 × 0.01 = 0.5; allowed" in text
+    assert "Claims that fail" not in text
     assert "- 1 row(s), KMNIST is not available offline: `kmnist` (toy)" in text
     assert "- 1 row(s), results/toy_full.csv is not committed (the table was not run): `ece_full` (toy_full)" in text
+    assert "Checks, not counted (1): `peer_ece` (identical on every seed" in text
+    assert "- `gone`: LA NLL < MAP NLL. Retired because: no sentence of the paper says so" in text
     # the overview: every paper with its counts over all its tables; a first-format folder is named, not counted
-    assert "| [paper](#paper-et-al-2021-venue) | 1 of 4 | 1 of 1 | 1 | 2 | 1 / 0 / 0 / 0 |" in text
-    assert "| [old](#old) | first reference format: not counted | | | | |" in text
+    assert "| [paper](#paper-et-al-2021-venue) | 1 of 4 | 1 of 1 | 0 of 0 | 0 of 0 | 0 | 1 | 0 | 2 | 1 |" in text
+    assert "| [old](#old) | first reference format: not counted |" in text
     assert "`reference.yaml` (toy): first reference format" in text and "1 value(s) and 0 claim(s)" in text
 
 
+def test_table_reports_and_readme_take_their_verdicts_from_the_same_judge(tmp_path, monkeypatch):
+    exp, res = setup(tmp_path)
+    (res / "toy.md").write_text("# toy\n\nrows\n\n## Reference numbers\n\nold verdicts: reproduces\n\n## Figures\n\nf\n")
+    reports = rs.table_reports(exp, res)
+    text = reports[res / "toy.md"]
+    assert text.startswith("# toy\n\nrows\n\n## Reference numbers\n") and text.endswith("\n## Figures\n\nf\n")
+    assert "old verdicts" not in text and "| ood/conf [method_name=la] (conf) |" in text and "**misses**" in text
+    readme = tmp_path / "README.md"
+    readme.write_text("| paper | command | jobs | cost | verdicts | folder |\n"
+                      "| Paper | `toy` | 3 | 1 s | stale words | [f](f/) |\n")
+    out = rs.readme_text(readme, exp, res)
+    assert "| Paper | `toy` | 3 | 1 s | paper 1 of 3; claims 1 of 1; 1 misses; 1 not run | [f](f/) |" in out
+
+
+def test_unreadable_results_csv_names_file_line_and_column(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("")
+    with pytest.raises(rs.ResultsCSVError, match=r"t.csv: has no header line"):
+        rs.read_results_csv(path)
+    header = RESULTS_CSV.splitlines()[1]
+    path.write_text(f"{header}\nla,3,seeds,0.02,0.001\n")
+    with pytest.raises(rs.ResultsCSVError, match=r"t.csv: line 2: has 5 cells where the header has 11"):
+        rs.read_results_csv(path)
+    path.write_text(RESULTS_CSV.replace("0.02,0.001,3", "0.02,0.001,three"))
+    with pytest.raises(rs.ResultsCSVError, match=r"t.csv: line 3, column 'test/ece n': 'three' is not a number"):
+        rs.read_results_csv(path)
+
+
 def test_check_reports_a_stale_page(tmp_path, monkeypatch, capsys):
-    _, res = setup(tmp_path)
-    text = "page\n"
-    monkeypatch.setattr(rs, "render", lambda: text)
-    out = res / "README.md"
-    assert rs.main(["--check", "--output", str(out)]) == 1 and "is stale" in capsys.readouterr().err
-    assert rs.main(["--output", str(out)]) == 0 and out.read_text() == text
-    assert rs.main(["--check", "--output", str(out)]) == 0
+    out = tmp_path / "results" / "README.md"
+    out.parent.mkdir()
+    monkeypatch.setattr(rs, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(rs, "outputs", lambda: {out: "page\n"})
+    assert rs.main(["--check"]) == 1 and "results/README.md is stale" in capsys.readouterr().err
+    assert rs.main([]) == 0 and out.read_text() == "page\n"
+    assert rs.main(["--check"]) == 0
 
 
-def test_committed_results_readme_is_current():
-    committed = rs.RESULTS_DIR / "README.md"
-    assert committed.read_text() == rs.render(), f"{committed} is stale: run `{rs.COMMAND}`"
+def test_every_generated_verdict_page_is_current():
+    """results/README.md, every results/<table>.md's verdict section and the top README's verdict
+    column: regenerated here, compared byte for byte (one source of verdicts)."""
+    stale = [str(p) for p, text in rs.outputs().items() if p.read_text() != text]
+    assert not stale, f"{stale} are stale: run `{rs.COMMAND}`"

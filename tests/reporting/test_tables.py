@@ -314,6 +314,27 @@ def test_git_state_sees_ignored_package_files_but_not_caches(tmp_path):
     assert git_state(tmp_path / "not_a_repo")["dirty"] is None
 
 
+def test_git_state_leaves_ones_own_untracked_folder_out(tmp_path):
+    """An untracked scratch/ (the user's own scripts) does not mark the tree dirty; untracked files
+    the runs can read do: in the package or its configs, and .py files at the top level."""
+    from laplace_lab.sweeps.status import git_state
+
+    root = tmp_path / "repo"
+    commit_files(root, {"src/laplace_lab/a.py": "x = 1\n", "conf/train.yaml": "a: 1\n", "README.md": "r\n"})
+    (root / "scratch" / "deep").mkdir(parents=True)
+    (root / "scratch" / "deep" / "try.py").write_text("import laplace_lab\n")
+    (root / "notes.md").write_text("mine\n")
+    assert git_state(root)["dirty"] is False
+    for path in ("src/laplace_lab/new.py", "conf/experiment/mine.yaml", "laplace_helper.py"):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text("x = 2\n")
+        state = git_state(root)
+        assert state["dirty"] is True and state["dirty_files"] == [f"?? {path}"], path
+        (root / path).unlink()
+    (root / "README.md").write_text("changed\n")  # a tracked file, outside the package: dirty
+    assert git_state(root)["dirty_files"] == [" M README.md"]
+
+
 def test_refuses_jobs_of_different_launch_commands(sweep, tmp_path):
     jobs = finished_jobs(sweep)
     launches = [{"launch_id": "L1", "command": "python -m laplace_lab.train -m x=1 torch_num_threads=1", "cwd": "/a"},

@@ -12,6 +12,7 @@ import inspect
 from pathlib import Path
 from typing import Any
 
+from laplace_lab.config.interplay import check_interplay
 from laplace_lab.config.schema import RunConfig
 from laplace_lab.data.size_checks import check_data_sizes
 from laplace_lab.evaluation.config import check_landscape_run
@@ -56,6 +57,7 @@ def check_combinations(run: RunConfig) -> None:
     check_landscape_run(run.evaluation, run.curvature.hessian_structure, run.needs_posthoc_laplace)
     check_ensemble(run)
     check_checkpoint(run)
+    check_interplay(run)  # options that bound each other; runs that would train nothing
 
 
 def check_root(run: RunConfig) -> None:
@@ -125,7 +127,8 @@ def check_laplace(run: RunConfig) -> None:
     check_nn_link(run.predictive.pred_type, run.predictive.link_approx, key=lambda name: f"predictive.{name}")
     check_het_approx(run)
     if marglik.online:
-        _require(marglik.log_min < marglik.log_max, "marglik.log_min must be < marglik.log_max")
+        _require(marglik.log_min < marglik.log_max, f"marglik.log_min={marglik.log_min} must be < marglik.log_max="
+                 f"{marglik.log_max} (the clamp range of the log hyperparameters)")
         _require(
             not marglik.fused or (c.type in ("ef", "mc_fisher") and structure_class(structure).supports_fused
                                   and c.subset_of_weights == "all"),

@@ -45,7 +45,7 @@ RANGES: dict[str, tuple[str, float, float, bool, bool]] = {
     "data.batch_size": ("int", 1, INF, True, False),
     "data.eval_batch_size": ("int", 1, INF, True, False),
     "data.split": ("int", 0, INF, True, False),
-    "data.val_fraction": ("float", 0, 1, True, False),
+    "data.val_fraction": ("float", 0, 1, True, False),  # < 1: HIGH_OPEN
     "data.n_val": ("int", 0, INF, True, False),
     "data.test_holdout": ("int", 0, INF, True, False),
     "data.n_train": ("int", 1, INF, True, False),
@@ -60,6 +60,8 @@ RANGES: dict[str, tuple[str, float, float, bool, bool]] = {
     "model.widen_factor": ("int", 1, INF, True, False),
     "trainer.check_val_every_n_epoch": ("int", 1, INF, True, True),  # a Trainer argument outside TrainerConfig
 }
+# Options of RANGES whose upper bound is excluded (a validation fraction of 1 leaves no training row).
+HIGH_OPEN = ("data.val_fraction",)
 # Shown beside the option's name where the name alone is terse.
 DESCRIPTIONS = {"optimizer.lr": " (the learning rate)"}
 
@@ -106,17 +108,18 @@ def check_ranges(data: Mapping) -> None:
     """The options of ``RANGES``: numbers (ints where ``int``) in their range (``key[*]``: each entry)."""
     for pattern, (kind, lo, hi, lo_incl, nullable) in RANGES.items():
         for key, value in _ranged_values(data, pattern):
-            _check_range(key, value, kind, lo, hi, lo_incl, nullable)
+            _check_range(key, value, kind, lo, hi, lo_incl, nullable, hi_incl=pattern not in HIGH_OPEN)
 
 
-def _check_range(key: str, value: Any, kind: str, lo: float, hi: float, lo_incl: bool, nullable: bool) -> None:
+def _check_range(key: str, value: Any, kind: str, lo: float, hi: float, lo_incl: bool, nullable: bool,
+                 hi_incl: bool = True) -> None:
     if value is None and nullable:
         return
     ok_type = _is_number(value) and (kind == "float" or isinstance(value, int))
-    ok_range = ok_type and (value >= lo if lo_incl else value > lo) and value <= hi
+    ok_range = ok_type and (value >= lo if lo_incl else value > lo) and (value <= hi if hi_incl else value < hi)
     if not ok_range:
-        bounds = (">= " if lo_incl else "> ") + f"{lo}" + ("" if hi == INF else f" and <= {hi}")
-        interval = ("[" if lo_incl else "(") + f"{lo}, " + ("inf)" if hi == INF else f"{hi}]")
+        bounds = (">= " if lo_incl else "> ") + f"{lo}" + ("" if hi == INF else f" and {'<=' if hi_incl else '<'} {hi}")
+        interval = ("[" if lo_incl else "(") + f"{lo}, " + ("inf)" if hi == INF else f"{hi}{']' if hi_incl else ')'}")
         what = "integers" if kind == "int" else "numbers"
         _fail(f"{key}{DESCRIPTIONS.get(key, '')} must be {bounds}{' or null' if nullable else ''}; got {value!r} (allowed: {what} in {interval})")
 

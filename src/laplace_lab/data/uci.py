@@ -29,6 +29,20 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 UCI_FILES = ("data.txt", "index_features.txt", "index_target.txt", "n_splits.txt")
 
 
+def check_trainable_size(name: str, y_train: np.ndarray, n_val: int, train_file: Path) -> None:
+    """``ValueError`` unless the training rows ``y_train`` ``[n, D]`` (after ``n_val`` went to validation)
+    are at least 2 with targets that vary: the targets are standardised by their std, which one row or
+    a constant target makes 0 (every target NaN, every loss non-finite)."""
+    n = len(y_train)
+    if n < 2:
+        raise ValueError(f"UCI set {name!r} is too small: {n} training row(s) in {train_file} after data.val_fraction "
+                         f"held out {n_val} for validation; the targets are standardised by their std over the "
+                         "training rows, which needs at least 2 rows with different targets")
+    if (y_train.std(0) == 0).any():
+        raise ValueError(f"UCI set {name!r}: the target is constant over the {n} training rows of {train_file}; "
+                         "it cannot be standardised (std 0) and there is nothing to regress")
+
+
 class UCIDataModule(LabDataModule):
     """One split of one UCI regression set, standardised.
 
@@ -93,6 +107,7 @@ class UCIDataModule(LabDataModule):
         x_mean, x_std = X[train_idx].mean(0), X[train_idx].std(0)
         x_std[x_std == 0] = 1.0
         y_mean, y_std = y[train_idx].mean(0), y[train_idx].std(0)
+        check_trainable_size(self.name, y[train_idx], n_val, files["train"])
         self.input_shape = (X.shape[1],)
         self.target_mean = torch.as_tensor(y_mean, dtype=self.dtype)
         self.target_std = torch.as_tensor(y_std, dtype=self.dtype)

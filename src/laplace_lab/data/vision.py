@@ -2,8 +2,9 @@
 
 Images are not normalised here (models that want normalisation do it themselves), so every
 pixel lies in ``input_range = (0, 1)``, which FGSM clamps to. Each dataset is checked for its
-files when the data module is built: torchvision downloads where it can, and where it cannot,
-the error names the dataset, the directory and the files expected there, before any training.
+files when the data module is built: torchvision downloads the training set where it can, and
+where it cannot, the error names the dataset, the directory and the files expected there, before
+any training. The optional OOD sets are looked for on disk only, never downloaded.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from laplace_lab.data.base import LabDataModule, split_off_validation
 from laplace_lab.data.checks import check_finite, check_idx_file, check_labels
+from laplace_lab.data.checksums import check_standard_file
 from laplace_lab.data.size_checks import check_validation_size
 from laplace_lab.data.transformed import check_transform, transform_images
 
@@ -63,8 +65,7 @@ def check_or_download(name: str, root: Path, download: bool) -> None:
     download leaves no empty folder behind (``_remove_new_empty_folders``).
     """
     spec = VISION_DATASETS[name]
-    missing = [f for f in spec.files if not (root / f).exists()]
-    if not missing:
+    if not missing_files(name, root):
         return
     reason = "download=false"
     if download:
@@ -80,6 +81,30 @@ def check_or_download(name: str, root: Path, download: bool) -> None:
         f"dataset {name!r} not found in {root} ({reason}). Expected files: {list(spec.files)}. "
         f"Place them there, or set paths.data_dir / LAPLACE_LAB_DATA_DIR to a folder that has them."
     )
+
+
+def missing_files(name: str, root: Path) -> list[str]:
+    """The files of ``name`` (``VisionSpec.files``, relative to ``root``) that are not there."""
+    return [f for f in VISION_DATASETS[name].files if not (root / f).exists()]
+
+
+def check_ood_sets(names: list[str], root: Path, if_missing: str) -> tuple[list[str], list[str]]:
+    """Split the OOD sets ``names`` into those whose files are under ``root`` and those that are
+    not, looking on disk only: an OOD set is optional, so it is never downloaded. ``if_missing``:
+    ``error`` raises one ``FileNotFoundError`` naming every missing set and its expected files;
+    ``skip`` logs one warning line naming them. Returns ``(present, skipped)``."""
+    missing = {n: missing_files(n, root) for n in names}
+    present = [n for n in names if not missing[n]]
+    skipped = [n for n in names if missing[n]]
+    if skipped and if_missing == "error":
+        expected = "; ".join(f"{n}: {list(VISION_DATASETS[n].files)}" for n in skipped)
+        raise FileNotFoundError(
+            f"OOD set(s) {skipped} not found in {root} (OOD sets are not downloaded). Expected files: {expected}. "
+            "Place them there, or set data.ood_if_missing=skip to evaluate without them")
+    if skipped:
+        log.warning("OOD set(s) %s not in %s (not downloaded; data.ood_if_missing=skip): evaluated without them",
+                    ", ".join(skipped), root)
+    return present, skipped
 
 
 def _folders(root: Path) -> set[Path]:
@@ -120,7 +145,8 @@ def _split_files(name: str, root: Path, train: bool) -> list[Path]:
 def load_tensors(name: str, root: Path, train: bool, fake_size: int = 256) -> TensorDataset:
     """Load a split of ``name`` as a ``TensorDataset`` of float images ``[N, C, H, W]`` in [0, 1]
     and long labels ``[N]``. Corrupt files, non-finite pixels and labels outside
-    ``0..classes-1`` raise ``ValueError`` naming the file."""
+    ``0..classes-1`` raise ``ValueError`` naming the file, and so do MNIST / FashionMNIST files whose
+    bytes are not the standard files' (``checksums``)."""
     files = _split_files(name, root, train)
     for path in files:
         if "idx" in path.name:
@@ -150,6 +176,8 @@ def load_tensors(name: str, root: Path, train: bool, fake_size: int = 256) -> Te
     check_finite(images, "pixels", source)
     idx_labels = [f for f in files if "labels-idx" in f.name]
     check_labels(labels, VISION_DATASETS[name].classes, str(idx_labels[0]) if idx_labels else source)
+    for path in files:  # last: the specific errors above name what is wrong first
+        check_standard_file(name, path)
     return TensorDataset(images, labels)
 
 
@@ -202,9 +230,10 @@ class VisionDataModule(LabDataModule):
             (``data.size_checks``).
         n_train_subset: keep only the first k training images (after the split); ``None`` = all.
         ood: names of out-of-distribution test sets (keys of ``VISION_DATASETS``).
-        ood_if_missing: ``error`` (fail at construction) or ``skip`` (warn, record in ``ood_skipped``).
+        ood_if_missing: ``error`` (fail at construction) or ``skip`` (one warning line, record in
+            ``ood_skipped``); OOD sets are looked for on disk only (``check_ood_sets``).
         augment: random crop + flip on training images (CIFAR-style).
-        download: let torchvision try to download missing files.
+        download: let torchvision try to download missing files of ``name`` (not the OOD sets).
         fake_size: number of images of ``fake_data`` per split (smoke tests).
         transform: fixed-seed transformed variant of both splits (``data.transformed``): ``none`` |
             ``rotated_full`` | ``rotated_partial`` | ``translated``.
@@ -238,16 +267,7 @@ class VisionDataModule(LabDataModule):
         spec = VISION_DATASETS[name]
         self.input_shape, self.num_outputs = spec.shape, spec.classes
         check_or_download(name, self.root, download)
-        self.ood_names, self.ood_skipped = [], []
-        for ood_name in ood:
-            try:
-                check_or_download(ood_name, self.root, download)
-                self.ood_names.append(ood_name)
-            except FileNotFoundError as err:
-                if ood_if_missing == "error":
-                    raise
-                log.warning("skipping OOD set %s (data.ood_if_missing=skip): %s", ood_name, err)
-                self.ood_skipped.append(ood_name)
+        self.ood_names, self.ood_skipped = check_ood_sets(list(ood), self.root, ood_if_missing)
         self._loaded = False
 
     def data_files(self) -> list[Path]:

@@ -46,21 +46,27 @@ def _check(probs: Tensor, y: Tensor) -> None:
         raise ValueError(f"labels must have shape [N]={tuple(probs.shape[:1])}; got {tuple(y.shape)}")
 
 
-def accuracy(probs: Tensor, y: Tensor) -> float:
+def per_point(probs: Tensor, y: Tensor) -> dict[str, Tensor]:
+    """``{acc, nll, brier}`` of every point, ``[N]`` float64: the means are ``accuracy``, ``nll``
+    and ``brier``."""
     _check(probs, y)
-    return (probs.argmax(-1) == y).double().mean().item()
+    p = probs.double()
+    onehot = torch.nn.functional.one_hot(y.long(), probs.shape[1]).double()
+    return {"acc": (probs.argmax(-1) == y).double(),
+            "nll": -p.gather(1, y.long()[:, None]).squeeze(1).clamp_min(_EPS).log(),
+            "brier": (p - onehot).pow(2).sum(1)}
+
+
+def accuracy(probs: Tensor, y: Tensor) -> float:
+    return per_point(probs, y)["acc"].mean().item()
 
 
 def nll(probs: Tensor, y: Tensor) -> float:
-    _check(probs, y)
-    p = probs.double().gather(1, y.long()[:, None]).squeeze(1)
-    return -p.clamp_min(_EPS).log().mean().item()
+    return per_point(probs, y)["nll"].mean().item()
 
 
 def brier(probs: Tensor, y: Tensor) -> float:
-    _check(probs, y)
-    onehot = torch.nn.functional.one_hot(y.long(), probs.shape[1]).double()
-    return (probs.double() - onehot).pow(2).sum(1).mean().item()
+    return per_point(probs, y)["brier"].mean().item()
 
 
 def confidence(probs: Tensor) -> Tensor:

@@ -23,6 +23,11 @@ section               view                              metrics
                                                         (``landscape.metric_keys``)
 ====================  ================================  =========================================
 
+With both a ``map`` and an ``la`` predictor, ``noise/<key less the predictor>`` (``noise/test/nll``,
+``noise/ood/far_away/auroc``, ``noise/toy2d/far/conf``; test, OOD and toy2d sections) is the
+standard error of la - map over the points (``evaluation.noise``), which the console summary
+(``evaluation.summary``) compares each difference with.
+
 Numbers in views use ``format(v, "g")``: ``rot_30``, ``eps_0.05``. E.g. ``test/la/ece``,
 ``ood/fashion_mnist/la/auroc``, ``shift/rot_30/map/acc``, ``fgsm_map/eps_0.1/la/conf``.
 ``fgsm_map`` / ``confmax_map`` attack ``attack_model`` (the MAP network) and evaluate every
@@ -53,6 +58,13 @@ from laplace_lab.evaluation.adversarial import (
 )
 from laplace_lab.evaluation.config import EvalConfig, config_to_dict, validate_config
 from laplace_lab.evaluation.landscape import LandscapeInputs
+from laplace_lab.evaluation.noise import (
+    classification_noise,
+    mean_noise,
+    noise_key,
+    ood_noise,
+    regression_noise,
+)
 from laplace_lab.evaluation.ood import far_away, uniform_noise
 from laplace_lab.evaluation.predict import (
     eval_mode,
@@ -63,6 +75,7 @@ from laplace_lab.evaluation.predict import (
 )
 from laplace_lab.evaluation.report import Reporter
 from laplace_lab.evaluation.shift import cifar10c_status, load_cifar10c, rotated_batches
+from laplace_lab.evaluation.summary import LAPLACE, MAP
 from laplace_lab.evaluation.timing import EvalTimer
 from laplace_lab.evaluation.toy2d import toy2d_contours
 
@@ -237,6 +250,9 @@ def _classification(ctx: _Context, test_loader, ood_loaders, attack_model, datas
     timer.test_done(time.monotonic() - start, len(y))
     n_classes = next(iter(probs.values())).shape[1]
     bins, ece = [], {}
+    if MAP in probs and LAPLACE in probs:  # evaluation.noise: how much of la - map the summary may call a change
+        rep.add_metrics({noise_key("test", k): v for k, v in classification_noise(probs[MAP], probs[LAPLACE], y,
+                                                                                  cfg.n_bins).items()})
     for name, p in probs.items():
         m = {**M.classification_metrics(p, y, cfg.n_bins), "ece_redux": M.ece_redux(p, y)}
         ece[name] = m["ece"]
@@ -304,6 +320,9 @@ def _ood(ctx: _Context, probs_in, kept, ood_loaders, dataset):
             rows.append({"dataset": set_name, "predictor": pname, **m})
             conf_rows.append(pd.DataFrame({"predictor": pname, "dataset": set_name,
                                            "confidence": M.confidence(p_out).numpy()}))
+        if MAP in by_pred and LAPLACE in by_pred and MAP in probs_in and LAPLACE in probs_in:
+            noise = ood_noise(probs_in[MAP], probs_in[LAPLACE], by_pred[MAP], by_pred[LAPLACE])
+            rep.add_metrics({noise_key("ood", set_name, k): v for k, v in noise.items()})
     rep.add_table("ood", pd.DataFrame(rows))
     n_classes = next(iter(probs_in.values())).shape[1]
     rep.add_figure("confidence_hist", plots.confidence_histograms(
@@ -480,12 +499,14 @@ def _toy2d(ctx: _Context, data, n_classes):
     if t.class_index is not None and t.class_index >= n_classes:
         raise ValueError(f"evaluation.toy2d.class_index={t.class_index} but there are {n_classes} classes")
     figs, far = toy2d_contours(ctx.predictors, X, y, t.resolution, t.zoom_out, t.margin, t.class_index,
-                               chunk_size=max(cfg.chunk_size, 1024), device=ctx.device,
-                               return_far_confidence=True)
+                               chunk_size=max(cfg.chunk_size, 1024), device=ctx.device, return_border=True)
     for name, fig in figs.items():
         rep.add_figure(name, fig)
     for pname, v in far.items():
-        rep.add_metrics({metric_key("toy2d", "far", pname, "conf"): v})
+        rep.add_metrics({metric_key("toy2d", "far", pname, "conf"): float(v.mean())})
+    if MAP in far and LAPLACE in far:
+        rep.add_metrics({noise_key("toy2d", "far", "conf"): mean_noise(torch.from_numpy(far[MAP]),
+                                                                        torch.from_numpy(far[LAPLACE]))})
 
 
 # ================================================================================ landscape
@@ -520,9 +541,13 @@ def _regression(ctx: _Context, test_loader, target_mean, target_std, y_standardi
                                 progress=cfg.progress, total=total)
     rows = []
     nominal = sorted(set(cfg.regression.coverage_levels) | {round(0.05 * k, 2) for k in range(1, 20)})
+    units = {"target_mean": target_mean, "target_std": target_std, "levels": cfg.regression.coverage_levels,
+             "y_standardised": y_standardised}
+    if MAP in outs and LAPLACE in outs:  # evaluation.noise
+        rep.add_metrics({noise_key("test", k): v for k, v in regression_noise(outs[MAP], outs[LAPLACE], y,
+                                                                              **units).items()})
     for pname, (mean, var) in outs.items():
-        m = M.regression_metrics(mean, var, y, target_mean, target_std, cfg.regression.coverage_levels,
-                                 y_standardised)
+        m = M.regression_metrics(mean, var, y, **units)
         rep.add_metrics(_prefixed("test", None, pname, m))
         mo, vo, yo = M.to_original_units(mean, var, y, target_mean, target_std, y_standardised)
         rows += [{"predictor": pname, "nominal": q, "observed": M.coverage(mo, vo, yo, q)} for q in nominal]

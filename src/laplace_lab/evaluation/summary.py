@@ -3,10 +3,16 @@
 ``laplace_changes(metrics)`` reads a run's final metrics (``test/<predictor>/<metric>``,
 ``ood/<set>/<predictor>/<metric>``, ``toy2d/far/<predictor>/conf``, ``shift/rot_<deg>/...``) and
 returns one ``Change`` per metric that both ``map`` and ``la`` have, each with a plain verdict:
-``better``, ``worse`` or ``same`` (the difference is within the metric's tolerance). For the
-coverage of central intervals "better" means closer to the nominal level. ``format_summary``
-makes the table and two closing lines, in distribution and away from it (OOD sets, the toy
-grid's border, rotated test sets), that name what improved and, plainly, what got worse.
+``same`` (the difference is within the metric's tolerance, too small to matter), ``same within
+noise`` (within ``NOISE_Z`` standard errors of la - map over the evaluation points, the run's
+``noise/<key>`` metric: ``evaluation.noise``), else ``better`` or ``worse``. A metric without a
+noise estimate (the rotated sets' means) is judged by its tolerance alone, and its noise column
+shows ``-``. For the coverage of central intervals "better" means closer to the nominal level. An
+AUROC below 0.5 (the OOD set more confident than the test set) is worse than chance: when both
+are, the verdict is ``worse than chance (both)``, when one is, the verdict says which.
+``format_summary`` makes the table and two closing lines, in distribution and away from it (OOD
+sets, the toy grid's border, rotated test sets), that name what improved and, plainly, what got
+worse.
 
 Nothing is hidden: a metric that got worse is listed as worse, also when it is one the
 literature expects Laplace to improve.
@@ -18,7 +24,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from laplace_lab.evaluation.noise import noise_key
+
 MAP, LAPLACE = "map", "la"
+NOISE_Z = 2.0  # a difference is a change beyond 2 standard errors (about 95%, two-sided, if normal)
+CHANCE_AUROC = 0.5
 
 
 @dataclass(frozen=True)
@@ -41,7 +51,8 @@ class Change:
     short: str
     map_value: float
     la_value: float
-    verdict: str      # better | worse | same
+    verdict: str      # better | worse | same | same within noise | worse than chance (both); see the module
+    se: float | None = None  # standard error of la - map (``noise/<key>``); None: not estimated
 
     @property
     def in_distribution(self) -> bool:
@@ -67,13 +78,23 @@ OOD_NAMES = {"far_away": "far-away inputs (test x {alpha})", "noise": "uniform n
 ROTATED = {"nll": "NLL", "ece": "ECE"}
 
 
-def _verdict(metric: Metric, map_value: float, la_value: float) -> str:
+def _verdict(metric: Metric, map_value: float, la_value: float, se: float | None = None,
+             auroc: bool = False) -> str:
+    """The module's verdicts; ``se``: the standard error of la - map, ``auroc``: the metric is an
+    AUROC (chance level 0.5)."""
+    below = [name for name, v in (("MAP", map_value), ("Laplace", la_value)) if v < CHANCE_AUROC] if auroc else []
+    if len(below) == 2:
+        return "worse than chance (both)"
     if metric.direction == 0:
         map_value, la_value = -abs(map_value - metric.target), -abs(la_value - metric.target)
     diff = (la_value - map_value) * (metric.direction or 1)
     if abs(diff) <= metric.tolerance:
-        return "same"
-    return "better" if diff > 0 else "worse"
+        verdict = "same"
+    elif se is not None and abs(diff) <= NOISE_Z * se:
+        verdict = "same within noise"
+    else:
+        verdict = "better" if diff > 0 else "worse"
+    return f"{verdict} ({below[0]} worse than chance)" if below else verdict
 
 
 def _pair(metrics: dict[str, float], prefix: str, name: str) -> tuple[float, float] | None:
@@ -90,7 +111,10 @@ def laplace_changes(metrics: dict[str, float], far_away_alpha: float | None = No
 
     def add(key: str, metric: Metric, pair: tuple[float, float] | None) -> None:
         if pair is not None:
-            changes.append(Change(key, metric.label, metric.short, pair[0], pair[1], _verdict(metric, *pair)))
+            se = metrics.get(noise_key(key))
+            se = None if se is None else float(se)
+            verdict = _verdict(metric, *pair, se=se, auroc=key.endswith("/auroc"))
+            changes.append(Change(key, metric.label, metric.short, pair[0], pair[1], verdict, se))
 
     for name, metric in TEST_METRICS.items():
         add(f"test/{name}", metric, _pair(metrics, "test", name))
@@ -114,13 +138,21 @@ def laplace_changes(metrics: dict[str, float], far_away_alpha: float | None = No
     return changes
 
 
+CLOSING_WORDS = (("better", "better on"), ("worse", "worse on"), ("same within noise", "the same within noise on"),
+                 ("same", "the same on"), ("worse than chance (both)", "like the MAP worse than chance on"))
+
+
 def _closing_line(title: str, changes: list[Change]) -> str:
     parts = []
-    for verdict, words in (("better", "better on"), ("worse", "worse on"), ("same", "the same on")):
-        names = [c.short for c in changes if c.verdict == verdict]
+    for verdict, words in CLOSING_WORDS:
+        names = [c.short for c in changes if c.verdict.split(" (")[0] == verdict or c.verdict == verdict]
         if names:
             parts.append(f"{words} {', '.join(names)}")
     return f"  {title}: Laplace is " + "; ".join(parts) + "."
+
+
+def _noise_cell(c: Change) -> str:
+    return "-" if c.se is None else f"{NOISE_Z * c.se:.4f}"
 
 
 def format_summary(metrics: dict[str, float], method: str = "", dataset: str = "",
@@ -133,14 +165,17 @@ def format_summary(metrics: dict[str, float], method: str = "", dataset: str = "
     width = max(len(c.label) for c in changes)
     laplace = f"Laplace ({method})" if method else "Laplace"
     lines = [f"What {laplace} changed against the MAP{f' on {dataset}' if dataset else ''}:",
-             f"  {'':{width}}  {'MAP':>7}  {'Laplace':>7}"]
-    lines += [f"  {c.label:{width}}  {c.map_value:7.4f}  {c.la_value:7.4f}  {c.verdict}" for c in changes]
+             f"  {'':{width}}  {'MAP':>7}  {'Laplace':>7}  {'noise':>7}"]
+    lines += [f"  {c.label:{width}}  {c.map_value:7.4f}  {c.la_value:7.4f}  {_noise_cell(c):>7}  {c.verdict}"
+              for c in changes]
     inside = [c for c in changes if c.in_distribution]
     away = [c for c in changes if not c.in_distribution]
     if inside:
         lines.append(_closing_line("In distribution (test set)", inside))
     if away:
         lines.append(_closing_line("Away from the training data", away))
+    lines.append(f"  (noise: {NOISE_Z:g} standard errors of Laplace - MAP, paired bootstrap over the points; "
+                 "a change within it is 'same within noise', '-': not estimated)")
     return "\n".join(lines)
 
 

@@ -46,13 +46,9 @@ def grid_values(predictors: dict[str, Callable], box: tuple[np.ndarray, np.ndarr
     return xx, yy, values
 
 
-def far_confidence(values: dict[str, np.ndarray]) -> dict[str, float]:
-    """Mean of the grid values on the border of the (zoomed-out) grid."""
-    out = {}
-    for name, v in values.items():
-        border = np.concatenate([v[0], v[-1], v[1:-1, 0], v[1:-1, -1]])
-        out[name] = float(border.mean())
-    return out
+def border_values(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The grid values on the border of the (zoomed-out) grid, ``[4 (resolution - 1)]`` per name."""
+    return {name: np.concatenate([v[0], v[-1], v[1:-1, 0], v[1:-1, -1]]) for name, v in values.items()}
 
 
 def _draw(xx, yy, values, X, y, class_index, n_classes, title) -> Figure:
@@ -80,11 +76,11 @@ def _draw(xx, yy, values, X, y, class_index, n_classes, title) -> Figure:
 
 def toy2d_contours(predictors: dict[str, Callable], X: Tensor, y: Tensor, resolution: int = 150,
                    zoom_out: float = 10.0, margin: float = 0.5, class_index: int | None = None,
-                   chunk_size: int = 4096, device="cpu", return_far_confidence: bool = False):
+                   chunk_size: int = 4096, device="cpu", return_border: bool = False):
     """Contour figures ``{"toy2d_zoom_in": Figure, "toy2d_zoom_out": Figure}``.
 
-    ``X``: ``[N, 2]`` inputs, ``y``: ``[N]`` labels (drawn on top). With
-    ``return_far_confidence`` also returns ``{name: mean value on the zoomed-out border}``.
+    ``X``: ``[N, 2]`` inputs, ``y``: ``[N]`` labels (drawn on top). With ``return_border`` also
+    returns ``{name: the values on the zoomed-out grid's border}`` (``border_values``).
     """
     if X.ndim != 2 or X.shape[1] != 2:
         raise ValueError(f"toy2d_contours needs 2-D inputs [N, 2]; got {tuple(X.shape)}")
@@ -100,5 +96,5 @@ def toy2d_contours(predictors: dict[str, Callable], X: Tensor, y: Tensor, resolu
         title = "zoomed in" if zoom == 1.0 else f"zoomed out (x{zoom:g})"
         figures[key] = _draw(xx, yy, values, X, y, class_index, n_classes, title)
         if zoom != 1.0:
-            far = far_confidence(values)
-    return (figures, far) if return_far_confidence else figures
+            far = border_values(values)
+    return (figures, far) if return_border else figures

@@ -21,7 +21,7 @@ import contextlib
 
 import torch
 
-from laplace_lab.laplace import predictive
+from laplace_lab.laplace import checks, predictive
 from laplace_lab.laplace.compat_features import FeatureExtractor, last_module_run
 from laplace_lab.laplace.compat_matrix import Kron
 from laplace_lab.laplace.laplace import Laplace as _Laplace
@@ -73,7 +73,7 @@ class _Flavour(_Laplace):
         self.__dict__["_deferred"] = (likelihood, dict(kwargs))
         self.model, self.likelihood = model, likelihood
         self.mean = self.n_params = self.n_layers = None
-        self.temperature = float(kwargs.get("temperature", 1.0))
+        self.temperature = checks.temperature(kwargs.get("temperature", 1.0))
         self._prior_precision = kwargs.get("prior_precision", 1.0)
         self._prior_mean = kwargs.get("prior_mean", 0.0)
         self._sigma_noise = kwargs.get("sigma_noise", 1.0)
@@ -97,7 +97,7 @@ class _Flavour(_Laplace):
 
     def fit(self, train_loader, override: bool = True, progress_bar: bool = False) -> None:
         if self.__dict__.get("_deferred") is not None:
-            X, _ = self.unpack_batch(next(iter(train_loader)))
+            X, _ = self.unpack_batch(checks.first_batch(train_loader))
             was_training = self.model.training
             self.model.eval()
             try:

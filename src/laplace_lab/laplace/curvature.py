@@ -71,3 +71,15 @@ def output_factors(
             [likelihood.grad(f, likelihood.sample(f, generator)) * scale for _ in range(n_mc_samples)]
         )
     raise ValueError(f"curvature must be one of {CURVATURES}; got {curvature!r}")
+
+
+def n_output_factors(likelihood: str, curvature: str, n_outputs: int, n_mc_samples: int = 1) -> int:
+    """``K``, the number of factors ``output_factors`` returns (the exact classification GGN drops
+    one of the ``C``: ``_classification_ggn_sqrt``)."""
+    if curvature == "ggn":
+        return n_outputs - 1 if likelihood == "classification" and n_outputs > 1 else n_outputs
+    if curvature == "ef":
+        return 1
+    if curvature == "mc_fisher":
+        return n_mc_samples
+    raise ValueError(f"curvature must be one of {CURVATURES}; got {curvature!r}")

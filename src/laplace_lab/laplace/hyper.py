@@ -35,7 +35,7 @@ import warnings
 
 import torch
 
-from laplace_lab.laplace import eigen_marglik
+from laplace_lab.laplace import checks, eigen_marglik
 
 
 def adam_update(opt: torch.optim.Adam) -> None:
@@ -125,7 +125,7 @@ class MarglikOptimizer:
                 return [p.grad for p in self.params]
             neg = -self.marglik(la)
             neg.backward()
-        except torch.linalg.LinAlgError:  # e.g. Cholesky of an indefinite precision
+        except (torch.linalg.LinAlgError, checks.HyperparameterError):  # indefinite precision; exp overflow
             return None
         if any(p.grad is None for p in self.params):
             return None

@@ -10,13 +10,14 @@ heteroscedastic = ``-sum NLL / T``.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, MutableMapping
 
 import torch
 from torch import nn
 
-from laplace_lab.laplace import backends, predictive
+from laplace_lab.laplace import backends, checks, predictive
 from laplace_lab.laplace.backends import backend_names
 from laplace_lab.laplace.capture import Streamed
 from laplace_lab.laplace.compat_matrix import Kron
@@ -30,6 +31,7 @@ from laplace_lab.laplace.options import (
     TuningMethod,
     check_choice,
 )
+from laplace_lab.laplace.plan import DEFAULT_MEMORY_BUDGET, check_budget, check_fit
 from laplace_lab.laplace.precision import engine_numerics
 from laplace_lab.laplace.priors import (
     PRIOR_STRUCTURES,
@@ -159,6 +161,12 @@ class Laplace:
         structure_options: the structure's declared ``options``, e.g. kron's ``kfac_approx``
             ("expand" default | "reduce" | "backpack", ``options.KfacApprox``); laplace-torch's
             ``asdl_fisher_kwargs={"kfac_approx": ...}`` means the same.
+        memory_budget: fraction in (0, 1] of the available memory (``plan.available_memory``: free
+            CUDA memory, or ``MemAvailable``) that ``fit`` and the glm predictive may plan to use
+            (default ``plan.DEFAULT_MEMORY_BUDGET`` = 0.9); ``fit`` raises ``plan.MemoryPlanError``
+            before allocating when the structure's planned peak (``laplace.plan``) exceeds it, naming
+            the alternatives that fit, and the predictive lowers ``chunk_size`` to what fits. ``None``:
+            no plan, no check.
         **options: the structure's declared ``options`` as keywords too, e.g. lowrank's
             ``n_eigs=100`` (``structure_options`` wins); a keyword no argument and no option of the
             structure takes is a ``TypeError``.
@@ -197,6 +205,7 @@ class Laplace:
         feature_reduction: str | None = None,
         dict_key_x: str = "input_ids",
         dict_key_y: str = "labels",
+        memory_budget: float | None = DEFAULT_MEMORY_BUDGET,
         **options,
     ):
         likelihood = _check_choice("likelihood", likelihood, LIKELIHOODS)
@@ -209,6 +218,8 @@ class Laplace:
         self.feature_reduction = feature_reduction
         self.enable_backprop = bool(enable_backprop)
         self.dict_key_x, self.dict_key_y = dict_key_x, dict_key_y
+        self.memory_budget = check_budget(memory_budget)
+        self.memory_plan = None  # plan.MemoryPlan of the last fit's check
         subset_of_weights = _check_choice("subset_of_weights", subset_of_weights, SUBSETS)
         hessian_structure = _check_choice("hessian_structure", hessian_structure, tuple(STRUCTURES))
         declared = STRUCTURES[hessian_structure].options
@@ -220,8 +231,7 @@ class Laplace:
         STRUCTURES[hessian_structure].check_options(structure_options)
         if not (isinstance(n_mc_samples, int) and n_mc_samples >= 1):
             raise ValueError(f"n_mc_samples must be a positive int; got {n_mc_samples!r}")
-        if not float(temperature) > 0:
-            raise ValueError(f"temperature must be > 0; got {temperature!r}")
+        temperature = checks.temperature(temperature)
         self.model = model
         self.likelihood = likelihood  # also sets the likelihood object ``lik``
         self.subset_of_weights = subset_of_weights
@@ -230,7 +240,7 @@ class Laplace:
         self.n_mc_samples = n_mc_samples
         self.temperature = float(temperature)
 
-        p0 = next(model.parameters())
+        p0 = checks.first_parameter(model)
         self._device, self._dtype = p0.device, p0.dtype
         self.entries = select(model, subset_of_weights, last_layer_name)
         self.params = [p for e in self.entries for p in e.params]
@@ -271,6 +281,7 @@ class Laplace:
         self.n_outputs = None
         self._fitted = False
         self._backend = None  # the backends.Backend the last fit_begin chose
+        self.batch_checks = checks.BatchChecks()
         backends.check_structure(self, self.backend_name)  # the model itself is checked by fit_begin (eval mode)
 
     # ---- hyperparameters ------------------------------------------------------------------------
@@ -292,6 +303,7 @@ class Laplace:
     def prior_precision(self, value) -> None:
         value = real_tensor("prior_precision", value, self._dtype)
         self._prior_precision = self.prior.vector(value, device=self._device, dtype=self._dtype)
+        checks.positive_finite("prior_precision", self._prior_precision)
 
     @property
     def prior_structure(self) -> str:
@@ -380,7 +392,7 @@ class Laplace:
         t = real_tensor("prior_mean", value, self._dtype).to(device=self._device, dtype=self._dtype).reshape(-1)
         if t.numel() not in (1, self.n_params):
             raise ValueError(f"prior_mean must be a float or have n_params={self.n_params} entries")
-        self._prior_mean = t
+        self._prior_mean = checks.finite("prior_mean", t)
 
     @property
     def sigma_noise(self) -> torch.Tensor:
@@ -391,7 +403,7 @@ class Laplace:
         t = real_tensor("sigma_noise", value, self._dtype)
         if t.numel() != 1:
             raise ValueError("sigma_noise must be a scalar (homoscedastic noise)")
-        self._sigma_noise = t.to(device=self._device, dtype=self._dtype).reshape(())
+        self._sigma_noise = checks.positive_finite("sigma_noise", t.to(device=self._device, dtype=self._dtype).reshape(()))
 
     @property
     def H_factor(self) -> torch.Tensor:
@@ -406,19 +418,40 @@ class Laplace:
     def fit(self, train_loader: Iterable, override: bool = True, progress_bar: bool = False) -> None:
         """One pass over ``train_loader`` (yields ``(X, y)`` or a dict batch with ``dict_key_y`` holding the
         targets, the whole dict being the model input): ``fit_begin``, ``fit_batch``, ``fit_end``."""
+        total = len(train_loader) if hasattr(train_loader, "__len__") else None
+        train_loader = self._check_memory(train_loader)
         if progress_bar:
             from tqdm.auto import tqdm
-            train_loader = tqdm(train_loader, desc="Laplace fit")
+            train_loader = tqdm(train_loader, desc="Laplace fit", total=total)
         if self._structure.self_fitting:  # e.g. lowrank: loss pass + Lanczos (matrix_free.lowrank)
             if not override:
                 raise ValueError(f"override=False is not supported with hessian_structure={self.hessian_structure!r}")
             self.fit_begin()
             self.loss, self.n_data, self.n_outputs = self._structure.fit(self, train_loader)
+            checks.data_seen(self)
             return self.fit_end()
         self.fit_begin(override=override)
         for batch in train_loader:
             self.fit_batch(*self.unpack_batch(batch))
+        checks.data_seen(self)
         self.fit_end()
+
+    def _check_memory(self, train_loader: Iterable) -> Iterable:
+        """``plan.check_fit`` on the loader's first batch (``memory_budget``; ``MemoryPlanError`` before
+        any allocation); returns an iterable that still yields every batch once (a one-shot iterator is
+        chained behind its first batch; a re-iterable loader is left as it is)."""
+        if self.memory_budget is None:
+            return train_loader
+        it = iter(train_loader)
+        try:
+            first = next(it)
+        except StopIteration:
+            return train_loader
+        if it is train_loader or not self._structure.self_fitting:
+            train_loader = itertools.chain([first], it)
+        X, _ = self.unpack_batch(first)
+        self.memory_plan = check_fit(self, X, self.memory_budget)
+        return train_loader
 
     def unpack_batch(self, batch) -> tuple:
         """``(X, y)`` of a loader batch: a pair, or a mapping (model input = the mapping, targets =
@@ -438,6 +471,7 @@ class Laplace:
         self.loss = torch.zeros((), device=self._device, dtype=self._dtype)
         self.n_data = 0
         self._fitted = False
+        self.batch_checks = checks.BatchChecks()  # per-batch NaN / target counts, read once by fit_end
 
     def fit_begin(self, override: bool = True) -> None:
         """Reset the accumulators (``override``), switch the model to eval mode, store the mean."""
@@ -464,6 +498,7 @@ class Laplace:
                                  "fit(train_loader); fit_begin/fit_batch/fit_end are not supported")
             self._backend = backends.choose(self, self.backend_name)  # fit_batch without fit_begin, as before
         X = X.to(self._device) if isinstance(X, torch.Tensor) else X
+        self.batch_checks.inputs(X)
         f, yy, records = self._backend.batch(X, y.to(self._device))
         self.add_batch(f, yy, records)
 
@@ -472,6 +507,7 @@ class Laplace:
         and prepared targets ``y`` (the loss and counts), and, unless ``None``, the per-entry
         ``records`` with output gradients (the structure's curvature), or a ``capture.Streamed`` batch
         (accumulated group by group during its backward)."""
+        self.batch_checks.outputs(f, y)
         with torch.no_grad():
             self.loss = self.loss + self._lik.nll(f.detach(), y).to(self._dtype)
             if isinstance(records, Streamed):  # accumulated during the backward, the inputs counted once
@@ -483,14 +519,19 @@ class Laplace:
 
     def check_targets(self, out: torch.Tensor, y: torch.Tensor) -> None:
         """Regression targets must have the network output's shape (laplace-torch: ``[N]`` targets for
-        ``[N, 1]`` outputs are rejected, not broadcast)."""
+        ``[N, 1]`` outputs are rejected, not broadcast); classification targets must be class indices ``[N]``."""
+        checks.model_output(out)
+        if self.likelihood == "classification":
+            self.batch_checks.class_targets(out, y)
         if self.likelihood == "regression" and tuple(y.shape) != tuple(out.shape):
             raise ValueError(f"regression targets y must have the shape of the model output; got y "
                              f"{tuple(y.shape)} for output {tuple(out.shape)} (reshape y, e.g. y[:, None])")
 
     @engine_numerics
     def fit_end(self) -> None:
-        """Finalise (e.g. KFAC eigendecompositions) and restore the model's train/eval mode."""
+        """Finalise (e.g. KFAC eigendecompositions) and restore the model's train/eval mode. ``ValueError``
+        (``checks.fit_complete``) for an empty fit, non-finite inputs / outputs / targets / curvature."""
+        checks.fit_complete(self)
         self._structure.finalize()
         self._fitted = True
         if getattr(self, "_was_training", False):
@@ -699,6 +740,7 @@ class Laplace:
         ``het_approx`` (heteroscedastic glm): "mean" linearises the predictive mean in both natural
         parameters, "natural" eta1 alone with eta2 at the MAP (Immer et al. 2023's reported predictive).
         See ``laplace_lab.laplace.predictive`` for conventions and differentiability."""
+        checks.finite_inputs("x", x)
         if joint:  # laplace-torch: the GP-like covariance across all inputs and outputs
             if self.likelihood != "regression" or pred_type != "glm" or return_parts:
                 raise ValueError("joint=True (covariance across the inputs of x) needs likelihood='regression' "

@@ -62,6 +62,7 @@ from laplace_lab.laplace.functional_variance import (
 from laplace_lab.laplace.likelihoods import HeteroscedasticRegression
 from laplace_lab.laplace.linear_mode import linear_shift
 from laplace_lab.laplace.options import HetApprox, LinkApprox, PredType
+from laplace_lab.laplace.plan import planned_chunk
 
 PRED_TYPES = PredType.values()
 LINKS = LinkApprox.values()
@@ -147,7 +148,7 @@ def predict(la, x: torch.Tensor, pred_type: str = "glm", link_approx: str | None
             return_parts: bool = False, generator: torch.Generator | None = None,
             budget: int = DEFAULT_BUDGET, het_approx: str = "mean"):
     """``la(x, ...)``: see the module docstring. ``chunk_size``: inputs per forward/backward
-    (memory bound); ``budget``: elements per per-layer Jacobian block; ``generator``: for the
+    (memory bound; the glm predictive lowers it to what ``la.memory_budget`` holds, ``plan.planned_chunk``); ``budget``: elements per per-layer Jacobian block; ``generator``: for the
     ``mc`` / ``nn`` draws (default ``la.generator``); ``het_approx``: the heteroscedastic glm
     closed form, "mean" or "natural"."""
     la.check_fitted()
@@ -163,6 +164,8 @@ def predict(la, x: torch.Tensor, pred_type: str = "glm", link_approx: str | None
             with torch.set_grad_enabled(track):
                 out = _from_samples(la, nn_samples(la, x, n_samples, gen, chunk_size), joint)
         else:
+            if pred_type == "glm":
+                chunk_size = planned_chunk(la, x, chunk_size)
             chunks = _chunks(x, chunk_size)
             view = posterior_view(la) if pred_type == "glm" else None
             outs = [_predict_chunk(la, xc, pred_type, link, n_samples, joint, gen, view, budget, het_approx)

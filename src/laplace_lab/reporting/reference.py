@@ -32,6 +32,7 @@ why, and an entry's ``not_run_reason`` says why it cannot run here (e.g. a data 
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import operator
 import re
@@ -42,13 +43,29 @@ from typing import Any
 import yaml
 
 from laplace_lab.reporting import peer_pairs
+from laplace_lab.reporting import verdict_rules as rules
+from laplace_lab.reporting.verdict_rules import (
+    CHECK,
+    FAILS,
+    INCONCLUSIVE,
+    MISSES,
+    NOT_RUN,
+    REPRODUCES,
+)
 
-MATCHES, DIFFERS = "matches the authors' code", "differs from the authors' code"
-VERDICTS = ("reproduces", "same ordering", "within noise", "does not reproduce", MATCHES, DIFFERS, "not run")
+# whose code a peer CSV ran (``peers:`` of a format-2 file) -> the verdict of a row that matches it
+PEER_CODES = {"authors": "matches the authors' code", "laplace-torch": "matches laplace-torch (same recipe)"}
+MATCHES, MATCHES_LAPLACE_TORCH = PEER_CODES["authors"], PEER_CODES["laplace-torch"]
+RETIRED = "retired"
+VERDICTS = (REPRODUCES, MATCHES, MATCHES_LAPLACE_TORCH, INCONCLUSIVE, MISSES, FAILS, NOT_RUN, CHECK, RETIRED,
+            # the first format's verdicts (cifar10's files): not counted by results_summary
+            "reproduces", "same ordering", "does not reproduce")
 FORMATS = (1, 2)
 KINDS = {1: ("value", "claim"), 2: ("paper", "peer", "claim")}
 OPS = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
-TOP_KEYS = {1: ("preset", "references"), 2: ("format", "preset", "paper", "tables", "headline", "references")}
+TOP_KEYS = {1: ("preset", "references"),
+            2: ("format", "preset", "paper", "tables", "headline", "findings", "peers", "margins", "retired",
+                "references")}
 FIELDS = {
     1: {"value": {"required": ("id", "kind", "row", "metric", "value", "tolerance", "source"),
                   "optional": ("order_group", "note")},
@@ -56,9 +73,9 @@ FIELDS = {
     2: {"paper": {"required": ("id", "kind", "row", "metric", "printed", "source"),
                   "optional": ("scale", "error", "tolerance", "tolerance_reason", "note", "not_run_reason")},
         "peer": {"required": ("id", "kind", "csv", "row", "metric", "source"),
-                 "optional": ("tolerance", "tolerance_reason", "note", "not_run_reason")},
+                 "optional": ("margin", "margin_reason", "check", "note", "not_run_reason")},
         "claim": {"required": ("id", "kind", "claim", "quote", "lhs", "op", "rhs", "source"),
-                  "optional": ("note", "not_run_reason")}},
+                  "optional": ("margin", "margin_reason", "note", "not_run_reason")}},
 }
 SIDE_KEYS = ("row", "metric")
 SOURCE_KEYS = {"required": ("paper", "where", "read_from"), "optional": ("row", "column", "cross_check")}
@@ -115,13 +132,12 @@ def _text(value: Any) -> bool:
 
 def parse_printed(text: str) -> tuple[float, float | None, float]:
     """(value, error or None, half a unit of the value's last printed digit) of a printed cell such
-    as ``"58.8±1.2"``; a ValueError for anything else."""
+    as ``"58.8±1.2"`` (no half unit for a value printed without decimals); a ValueError for anything else."""
     match = PRINTED.match(text) if isinstance(text, str) else None
     if match is None:
         raise ValueError(f"{text!r} is not a printed number such as '58.8', '58.8±1.2' or '0.31 +- 0.02'")
-    digits = match["value"].split(".")[1] if "." in match["value"] else ""
     error = float(match["error"]) if match["error"] is not None else None
-    return float(match["value"]), error, 0.5 * 10.0 ** -len(digits)
+    return float(match["value"]), error, rules.half_unit(match["value"])
 
 
 def _check_source(path: Path, where: str, source: Any, needs_cell: bool) -> None:
@@ -182,18 +198,30 @@ def _check_paper(path: Path, where: str, entry: dict) -> None:
         _check_tolerance(path, where, entry)
 
 
+def _check_margin(path: Path, where: str, entry: dict) -> None:
+    """An entry's own equivalence / non-inferiority ``margin`` (metric units) and its reason."""
+    if "margin" not in entry:
+        if "margin_reason" in entry:
+            _fail(path, where, "field `margin_reason` without `margin`")
+        return
+    if not _finite_number(entry["margin"]) or entry["margin"] < 0:
+        _fail(path, where, f"field `margin` must be a finite number >= 0 (metric units), got {entry['margin']!r}")
+    if not _text(entry.get("margin_reason")):
+        _fail(path, where, "field `margin` needs `margin_reason` (why this margin, fixed before looking)")
+
+
 def _check_peer(path: Path, where: str, entry: dict) -> None:
     if not _text(entry["source"]):
-        _fail(path, where, "field `source` must name the authors' code and what was run")
+        _fail(path, where, "field `source` must name the peer's code and what was run")
     _check_row(path, where, entry["row"], allow_empty=True)
     csv_path = entry["csv"]
     if not _text(csv_path) or Path(csv_path).is_absolute() or ".." in Path(csv_path).parts:
         _fail(path, where, f"field `csv` must be a path relative to the reference file's folder, inside it "
                            f"(e.g. peer/authors.csv), got {csv_path!r}")
-    if "tolerance" in entry:
-        _check_tolerance(path, where, entry)
-    elif "tolerance_reason" in entry:
-        _fail(path, where, "field `tolerance_reason` without `tolerance`")
+    _check_margin(path, where, entry)
+    if "check" in entry and not _text(entry["check"]):
+        _fail(path, where, "field `check` must say why both sides run the same network through the same code "
+                           "path (a check, never counted)")
     try:
         table = peer_pairs.read_peer_csv(path.parent / csv_path)
         peer_pairs.side_values(table, entry["row"], entry["metric"], f"reference entry {entry['id']!r}")
@@ -213,6 +241,10 @@ def _check_claim(path: Path, where: str, entry: dict, fmt: int) -> None:
         _check_row(path, f"{where}, field `{side}`", value["row"])
         _check_metric(path, f"{where}, field `{side}`", value["metric"])
     if fmt == 2:
+        _check_margin(path, where, entry)
+        if "margin" in entry and entry["op"] not in ("<=", ">="):
+            _fail(path, where, f"field `margin` makes a non-inferiority claim, which needs `op` <= or >=; got "
+                               f"{entry['op']!r}")
         if not _text(entry["quote"]):
             _fail(path, where, "field `quote` must be the paper's sentence that states this ordering")
         _check_source(path, where, entry["source"], needs_cell=False)
@@ -241,6 +273,9 @@ def _check_entry(path: Path, index: int, entry: Any, seen: set[str], fmt: int) -
     if missing:
         _fail(path, where, f"missing field(s) {missing} for kind {kind!r}")
     unknown = sorted(set(entry) - set(spec["required"]) - set(spec["optional"]))
+    if kind == "peer" and {"tolerance", "tolerance_reason"} & set(entry):
+        _fail(path, where, "field `tolerance`: a peer row is an equivalence test: give `margin` and "
+                           "`margin_reason` (or a `margins` pattern at the top of the file)")
     if unknown:
         _fail(path, where, f"unknown field(s) {unknown} for kind {kind!r}; allowed: "
                            f"{list(spec['required']) + list(spec['optional'])}")
@@ -292,6 +327,85 @@ def _check_headline(path: Path, headline: Any, ids: set[str]) -> list[dict]:
     return headline
 
 
+def _check_peers(path: Path, peers: Any) -> dict[str, dict]:
+    """``peers``: peer CSV (relative path) -> {code: authors | laplace-torch, what: what ran}."""
+    if not isinstance(peers, dict) or not peers:
+        raise ReferenceFileError(f"{path}: field `peers` must map each peer CSV to {{code, what}}, got {peers!r}")
+    for csv_path, spec in peers.items():
+        where = f"{path}: field `peers` entry {csv_path!r}"
+        if not isinstance(spec, dict) or sorted(spec) != ["code", "what"]:
+            raise ReferenceFileError(f"{where}: must be a mapping with exactly `code` and `what`, got {spec!r}")
+        if spec["code"] not in PEER_CODES:
+            raise ReferenceFileError(f"{where}: `code`={spec['code']!r} is not allowed; allowed: {list(PEER_CODES)} "
+                                     "(\"authors\": their repository ran end to end)")
+        if not _text(spec["what"]):
+            raise ReferenceFileError(f"{where}: `what` must say what ran (repository, commit, recipe)")
+    return peers
+
+
+def _check_margins(path: Path, margins: Any) -> list[dict]:
+    """``margins``: [{metric: fnmatch pattern, margin: metric units >= 0 | relative: fraction of |the
+    peer's mean| > 0, reason: why}], the first pattern that matches a metric wins."""
+    if not isinstance(margins, list) or not margins:
+        raise ReferenceFileError(f"{path}: field `margins` must be a non-empty list of {{metric, margin, reason}}")
+    for i, item in enumerate(margins):
+        where = f"{path}: field `margins` item #{i}"
+        if not isinstance(item, dict) or sorted(item) not in (["margin", "metric", "reason"],
+                                                              ["metric", "reason", "relative"]):
+            raise ReferenceFileError(f"{where}: must be a mapping with exactly `metric`, `reason` and one of "
+                                     f"`margin` (metric units) or `relative` (fraction of the peer's mean), got {item!r}")
+        if not _text(item["metric"]) or not _text(item["reason"]):
+            raise ReferenceFileError(f"{where}: `metric` (a pattern such as test/*/nll) and `reason` must be text")
+        value = item.get("margin", item.get("relative"))
+        if not _finite_number(value) or value < 0 or ("relative" in item and not 0 < value < 1):
+            raise ReferenceFileError(f"{where}: `margin` must be a finite number >= 0, `relative` a fraction in "
+                                     f"(0, 1); got {value!r}")
+    return margins
+
+
+def _check_retired(path: Path, retired: Any, ids: set[str]) -> list[dict]:
+    """``retired``: rows taken out of the judgement, each [{id, what, reason}], shown in the tables."""
+    if not isinstance(retired, list) or not retired:
+        raise ReferenceFileError(f"{path}: field `retired` must be a non-empty list of {{id, what, reason}}")
+    for i, item in enumerate(retired):
+        where = f"{path}: field `retired` item #{i}"
+        if not isinstance(item, dict) or sorted(item) != ["id", "reason", "what"] or not all(
+                _text(item[k]) for k in item):
+            raise ReferenceFileError(f"{where}: must be a mapping with exactly non-empty `id`, `what` (the row "
+                                     f"as it was) and `reason` (why it no longer counts), got {item!r}")
+        if item["id"] in ids:
+            raise ReferenceFileError(f"{where}: id {item['id']!r} is also an entry of `references`")
+    return retired
+
+
+def entry_margin(entry: dict, margins: list[dict] | None) -> tuple[float, str, bool] | None:
+    """(margin, reason, relative) of an entry: its own ``margin``, else the first ``margins`` pattern
+    that matches its metric (``relative``: the margin is that fraction of |the peer's mean|); None
+    when neither gives one."""
+    if "margin" in entry:
+        return entry["margin"], entry["margin_reason"], False
+    for item in margins or ():
+        if fnmatch.fnmatchcase(entry["metric"], item["metric"]):
+            return item.get("margin", item.get("relative")), item["reason"], "relative" in item
+    return None
+
+
+def _attach_peer_specs(path: Path, refs: list[dict], peers: dict | None, margins: list[dict] | None) -> None:
+    """Give each peer entry its code (``_code``: a key of PEER_CODES) and margin (``_margin``)."""
+    for entry in refs:
+        if entry["kind"] != "peer":
+            continue
+        where = f"entry {entry['id']!r}"
+        if peers is None or entry["csv"] not in peers:
+            _fail(path, where, f"field `csv` {entry['csv']!r} is not declared in the top-level `peers` "
+                               f"(csv: {{code: {' | '.join(PEER_CODES)}, what: ...}})")
+        margin = entry_margin(entry, margins)
+        if margin is None:
+            _fail(path, where, f"no equivalence margin for metric {entry['metric']!r}: give `margin` and "
+                               "`margin_reason`, or a top-level `margins` pattern that matches it")
+        entry["_code"], entry["_margin"] = peers[entry["csv"]]["code"], margin
+
+
 def load_reference(path: str | Path) -> dict[str, Any]:
     """The validated file as ``{"format", "presets", "preset", "tables", "paper", "headline",
     "references", "path"}`` (``presets``: the tuple of presets it checks, ``preset`` the first;
@@ -324,10 +438,21 @@ def load_reference(path: str | Path) -> dict[str, Any]:
     for i, entry in enumerate(refs):
         _check_entry(path, i, entry, seen, fmt)
     headline = _check_headline(path, data["headline"], seen) if "headline" in data else None
+    peers = _check_peers(path, data["peers"]) if "peers" in data else None
+    margins = _check_margins(path, data["margins"]) if "margins" in data else None
+    retired = _check_retired(path, data["retired"], seen) if "retired" in data else []
+    findings = data.get("findings", [])
+    if not isinstance(findings, list) or not all(_text(f) for f in findings):
+        raise ReferenceFileError(f"{path}: field `findings` must be a list of sentences (what a reader must know "
+                                 f"to read the verdicts), got {findings!r}")
+    _attach_peer_specs(path, refs, peers, margins)
     for entry in refs:
         entry["_format"], entry["_file"] = fmt, path
+        if entry["kind"] == "claim" and "margin" in entry:
+            entry["_margin"] = (entry["margin"], entry["margin_reason"], False)
     return {"format": fmt, "presets": tuple(presets), "preset": presets[0], "tables": tuple(tables),
-            "paper": data.get("paper"), "headline": headline, "references": refs, "path": path}
+            "paper": data.get("paper"), "headline": headline, "references": refs, "path": path,
+            "retired": retired, "findings": findings}
 
 
 def find_references(preset: str, experiments_dir: str | Path) -> list[dict[str, Any]]:
@@ -425,19 +550,13 @@ def paper_value(entry: dict[str, Any]) -> tuple[float, float | None, float]:
 
 def paper_tolerance(entry: dict[str, Any], our_se: float) -> float:
     """The allowed |ours - paper| of a ``paper`` entry given our standard error (0 when unknown)."""
-    _, paper_se, half = paper_value(entry)
-    if paper_se is None:
-        return entry["tolerance"] + 2.0 * our_se + half
-    return 2.0 * math.hypot(paper_se, our_se) + half
+    value, paper_se, half = paper_value(entry)
+    return rules.paper_decision(value, our_se, value, paper_se, entry.get("tolerance"), half)[1]
 
 
-def claim_verdict(op: str, lhs: tuple[float, float, int], rhs: tuple[float, float, int]) -> str:
-    """A format-2 claim on our means: the difference against 2 combined standard errors."""
-    diff, noise = lhs[0] - rhs[0], 2.0 * math.hypot(_se(lhs), _se(rhs))
-    holds = OPS[op](lhs[0], rhs[0])
-    if abs(diff) > noise:
-        return "reproduces" if holds else "does not reproduce"
-    return "reproduces" if op in ("<=", ">=") else "within noise"
+def claim_verdict(op: str, lhs: tuple[float, float, int], rhs: tuple[float, float, int], margin: float = 0.0) -> str:
+    """A format-2 claim on our means (``verdict_rules.claim_decision``)."""
+    return rules.claim_decision(op, lhs, rhs, margin)[0]
 
 
 def format_source(source: Any) -> str:
@@ -456,16 +575,15 @@ def _not_run(e: dict[str, Any], why: str) -> str:
 
 def _paper_verdict(e: dict[str, Any], rows: list[Row], group_by: list[str]) -> Verdict:
     stat, why = lookup(rows, group_by, e, f"reference entry {e['id']!r}")
-    value, paper_se, _ = paper_value(e)
+    value, paper_se, half = paper_value(e)
     err = f"{e['error']['kind']}" + (f", n={e['error']['n']}" if "n" in e["error"] else "") if "error" in e else ""
     scale = f" × {e['scale']}" if e.get("scale", 1) != 1 else ""
     described = f"{e['printed']}{' (' + err + ')' if err else ''}{scale} = {_fmt(value)}"
     if stat is None:
-        return Verdict(e["id"], f"{e['metric']} [{_label(e['row'])}]", described, "-", "not run",
+        return Verdict(e["id"], f"{e['metric']} [{_label(e['row'])}]", described, "-", NOT_RUN,
                        format_source(e["source"]), "paper", _not_run(e, why))
-    tol = paper_tolerance(e, _se(stat))
+    verdict, tol = rules.paper_decision(stat[0], stat[1], value, paper_se, e.get("tolerance"), half)
     basis = "2 se (paper, ours)" if paper_se is not None else f"stated {_fmt(e['tolerance'])} + 2 se (ours)"
-    verdict = "reproduces" if abs(stat[0] - value) <= tol else "does not reproduce"
     return Verdict(e["id"], f"{e['metric']} [{_label(e['row'])}]", f"{described}; allowed ±{_fmt(tol)} ({basis})",
                    _ours_text(stat), verdict, format_source(e["source"]), "paper")
 
@@ -477,15 +595,21 @@ def _peer_verdict(e: dict[str, Any]) -> Verdict:
     mean, se, n, seeds = peer_pairs.paired(values)
     label = f"{e['metric']} [{_label(e['row']) or 'all rows'}] vs {e['csv']}"
     theirs = [values["theirs"][s] for s in seeds]
-    reference = (f"authors' code: {_fmt(sum(theirs) / n)} (n={n})" if n else "authors' code: -")
-    judged = peer_pairs.matches(mean, se, n, e.get("tolerance", 0.0))
-    if judged is None:
-        why = (f"{n} paired seed(s) (ours: {sorted(values['ours'])}, theirs: {sorted(values['theirs'])}); "
-               "2 are needed for a paired standard error")
-        return Verdict(e["id"], label, reference, "-", "not run", e["source"], "peer", _not_run(e, why))
-    tol = f" + {_fmt(e['tolerance'])} stated" if e.get("tolerance") else ""
-    ours_text = f"ours - theirs: {_fmt(mean)} ± {_fmt(se)} (paired, n={n}; allowed 2 se{tol})"
-    return Verdict(e["id"], label, reference, ours_text, MATCHES if judged else DIFFERS, e["source"], "peer")
+    whose = "authors' code" if e["_code"] == "authors" else e["_code"]
+    reference = f"{whose}: {_fmt(sum(theirs) / n)} (n={n})" if n else f"{whose}: -"
+    if n == 0:
+        why = (f"no paired seed (ours: {sorted(values['ours'])}, theirs: {sorted(values['theirs'])})")
+        return Verdict(e["id"], label, reference, "-", NOT_RUN, e["source"], "peer", _not_run(e, why))
+    margin, margin_reason, relative = e["_margin"]
+    margin = margin * abs(sum(theirs) / n) if relative else margin
+    differences = [values["ours"][s] - values["theirs"][s] for s in seeds]
+    ours_text = f"ours - theirs: {_fmt(mean)} ± {_fmt(se)} (paired, n={n})"
+    if "check" in e or rules.identical(differences, max(abs(t) for t in theirs)):
+        why = e.get("check") or "identical on every seed (|d| < 1e-6): both sides computed the same thing"
+        return Verdict(e["id"], label, reference, ours_text, CHECK, e["source"], "peer", why)
+    verdict, how = rules.peer_decision(mean, se, n, margin, PEER_CODES[e["_code"]])
+    return Verdict(e["id"], label, reference, f"{ours_text}; {how} ({margin_reason})", verdict, e["source"],
+                   "peer")
 
 
 def verdicts(references: list[dict[str, Any]], rows: list[Row], group_by: list[str]) -> list[Verdict]:
@@ -528,7 +652,9 @@ def verdicts(references: list[dict[str, Any]], rows: list[Row], group_by: list[s
             if lhs is None or rhs is None:
                 verdict, why = "not run", _not_run(e, "; ".join(dict.fromkeys(w for w in (why_l, why_r) if w)))
             elif e.get("_format", 1) == 2:
-                verdict = claim_verdict(e["op"], lhs, rhs)
+                margin = e.get("_margin", (0.0, "", False))
+                verdict, how = rules.claim_decision(e["op"], lhs, rhs, margin[0])
+                why = how + (f" ({margin[1]})" if margin[1] else "")
             else:
                 verdict = "reproduces" if OPS[e["op"]](lhs[0], rhs[0]) else "does not reproduce"
             metric = (f"{e['lhs']['metric']} [{_label(e['lhs']['row'])}] {e['op']} "
@@ -537,32 +663,40 @@ def verdicts(references: list[dict[str, Any]], rows: list[Row], group_by: list[s
             out.append(Verdict(e["id"], metric, reference, f"{_ours_text(lhs)} vs {_ours_text(rhs)}", verdict,
                                format_source(e["source"]), "claim", why))
     for v, e in zip(out, references):
-        if v.verdict == "not run":
+        if v.verdict == NOT_RUN:
             v.reason = e.get("not_run_reason", "")
     return out
 
 
 KIND_VERDICTS = {"value": ("reproduces", "same ordering", "does not reproduce"),
-                 "paper": ("reproduces", "does not reproduce"), "peer": (MATCHES, DIFFERS),
-                 "claim": ("reproduces", "does not reproduce")}
+                 "paper": (REPRODUCES, MISSES), "peer": (MATCHES, MATCHES_LAPLACE_TORCH, INCONCLUSIVE, MISSES, CHECK),
+                 "claim": (REPRODUCES, INCONCLUSIVE, FAILS)}
 RULES = {
     "value": "A value (first format) *reproduces* when |ours - reference| <= tolerance + our standard error over "
              "seeds (0 when n = 1); one that misses is *same ordering* when every entry of its order group ran and "
              "our means rank them as the reference does.",
-    "paper": "A paper value *reproduces* when |ours - paper| <= 2 sqrt(se_paper^2 + se_ours^2) (the paper's printed "
-             "error bar as a standard error; a std over n runs counts std / sqrt(n)) or, where the paper prints no "
-             "error bar, <= the stated tolerance + 2 se_ours; plus half a unit of the printed cell's last digit.",
-    "peer": "A peer row pairs our run and the authors' code, seed by seed, from the CSV it names: it *matches the "
-            "authors' code* when |mean(ours - theirs)| <= 2 paired standard errors (+ a stated tolerance).",
-    "claim": "A claim is judged on our means; a quoted claim (format 2) *reproduces* only when the difference is "
-             "beyond 2 combined standard errors (unpaired, so conservative), *within noise* otherwise (for <= and "
-             ">=, within noise is consistent with the claim).",
+    "paper": "A paper value *reproduces the paper* when |ours - paper| <= 2 sqrt(se_paper^2 + se_ours^2) (the "
+             "paper's printed error bar as a standard error; a std over n runs counts std / sqrt(n)) or, where the "
+             "paper prints no error bar, <= the stated tolerance + 2 se_ours; plus half a unit of the printed "
+             "cell's last decimal (none for a cell printed without decimals); otherwise it *misses*.",
+    "peer": "A peer row pairs our runs and the peer's code (the authors' repository run end to end, or "
+            "laplace-torch on our recipe: the file's `peers` says which), seed by seed: it *matches* when the 95% "
+            "interval of the mean paired difference (Student's t at n - 1 degrees of freedom) lies inside "
+            "± the margin stated for the metric before looking, *misses* when it lies wholly outside, and is "
+            "*inconclusive* otherwise or with fewer than 3 paired seeds. A row whose two sides run the same network "
+            "through the same code path is a *check* (declared, or identical on every seed) and is never counted.",
+    "claim": "A claim (an ordering the paper states in words) *reproduces the paper* only when the 95% interval of "
+             "the difference of our two means (unpaired, Welch's t) lies wholly on the claimed side, *fails* when it "
+             "lies wholly on the other side, and is *inconclusive* otherwise, whatever the operator (<= counts as "
+             "<); a non-inferiority claim moves the boundary by the margin its row states. One run per side is "
+             "inconclusive.",
 }
 
 
-def to_markdown(results: list[Verdict], files: list[str]) -> list[str]:
-    """Markdown lines of the "Reference numbers" section (``files``: the reference files, as shown)."""
-    shown = {"not run"} | {k for v in results for k in KIND_VERDICTS[v.kind]} | {v.verdict for v in results}
+def to_markdown(results: list[Verdict], files: list[str], retired: list[dict] | None = None) -> list[str]:
+    """Markdown lines of the "Reference numbers" section (``files``: the reference files, as shown;
+    ``retired``: the files' retired rows, listed with their reasons)."""
+    shown = {NOT_RUN} | {k for v in results for k in KIND_VERDICTS[v.kind]} | {v.verdict for v in results}
     counts = ", ".join(f"{sum(v.verdict == k for v in results)} {k}" for k in VERDICTS if k in shown)
     kinds = [k for k in RULES if any(v.kind == k for v in results)]
     lines = ["", "## Reference numbers", "",
@@ -574,4 +708,7 @@ def to_markdown(results: list[Verdict], files: list[str]) -> list[str]:
         verdict = f"**{v.verdict}**" + (f" ({v.why})" if v.why else "")
         cells = [f"{v.metric} ({v.id})", v.reference, v.ours, verdict, v.source]
         lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+    if retired:
+        lines += ["", "Retired rows (no longer judged; each with its reason):", ""]
+        lines += [f"- `{r['id']}`: {r['what']} Retired because: {r['reason']}" for r in retired]
     return lines

@@ -1,13 +1,17 @@
 """``results/README.md``: one page over every reproduced paper, generated from the reference files
-(``experiments/*/*reference*.yaml``) and the committed tables (``results/<table>.csv``).
+(``experiments/*/*reference*.yaml``) and the committed tables (``results/<table>.csv``), and the one
+source of every verdict shown elsewhere: the "Reference numbers" section of each committed
+``results/<table>.md`` and the verdict column of the top README's preset table are rewritten from the
+same judgement (``--check`` fails on any difference).
 
 Per paper: its headline claims, one line each with the verdicts of the rows that test them, and per
-table the counts of quantitative rows (``paper`` and ``peer`` entries) that reproduce the paper,
-match the authors' code, miss, or were not run (each with why), beside the quoted orderings.
-Reference files of the first format (untraced sources) are named, not counted.
+table the counts of rows that reproduce the paper, match the authors' code, match laplace-torch, are
+inconclusive, miss, fail or were not run (each with why); checks (both sides the same code path) and
+retired rows are listed apart and never counted. Reference files of the first format (untraced
+sources) are named, not counted.
 
-    python -m laplace_lab.reporting.results_summary           # write results/README.md
-    python -m laplace_lab.reporting.results_summary --check   # exit 1 when results/README.md is stale
+    python -m laplace_lab.reporting.results_summary           # write results/README.md, results/*.md, README.md
+    python -m laplace_lab.reporting.results_summary --check   # exit 1 when any of them is stale
 """
 
 from __future__ import annotations
@@ -21,37 +25,65 @@ from pathlib import Path
 from typing import Any
 
 from laplace_lab.reporting import reference as ref
+from laplace_lab.reporting import verdict_rules as rules
 from laplace_lab.sweeps.status import REPO_ROOT
 
 EXPERIMENTS_DIR = REPO_ROOT / "experiments"
 RESULTS_DIR = REPO_ROOT / "results"
+README = REPO_ROOT / "README.md"
 COMMAND = "python -m laplace_lab.reporting.results_summary"
-REPRODUCES, MISSES = ("reproduces", ref.MATCHES), ("does not reproduce", ref.DIFFERS)
+QUANTITATIVE = ("paper", "peer")
+
+
+class ResultsCSVError(ValueError):
+    """A committed results table that cannot be read; the message names the file, line and column."""
 
 
 @dataclass
 class Judged:
     table: str                 # the committed table judged ("" for peer entries: they read their CSV)
     verdict: ref.Verdict
+    code: str = ""             # peer entries: whose code the CSV ran (a key of reference.PEER_CODES)
 
 
 def read_results_csv(path: str | Path) -> tuple[list[ref.Row], list[str]]:
     """The rows (group-by values, ``metric -> (mean, se, n)``) and group-by keys of a committed
-    ``results/<table>.csv`` (``laplace_lab.reporting.tables.to_csv``: the group-by columns come before ``n``)."""
-    lines = [line for line in Path(path).read_text().splitlines() if not line.startswith("#")]
-    reader = csv.reader(lines)
-    header = next(reader)
+    ``results/<table>.csv`` (``laplace_lab.reporting.tables.to_csv``: the group-by columns come before ``n``).
+    A ``ResultsCSVError`` naming the file, line and column for a file that is empty, truncated or not
+    numeric where it must be."""
+    path = Path(path)
+    numbered = [(i, line) for i, line in enumerate(path.read_text().splitlines(), start=1) if not line.startswith("#")]
+    if not numbered:
+        raise ResultsCSVError(f"{path}: has no header line: regenerate it with "
+                              "`python -m laplace_lab.reporting.tables --preset <name> --commit-results`")
+    header = next(csv.reader([numbered[0][1]]))
     if "n" not in header:
-        raise ValueError(f"{path}: no `n` column: not a table written by laplace_lab.reporting.tables")
+        raise ResultsCSVError(f"{path}: line {numbered[0][0]}: no `n` column: not a table written by "
+                              "laplace_lab.reporting.tables")
     group_by = header[:header.index("n")]
     metrics = [c[:-len(" mean")] for c in header if c.endswith(" mean")]
+    missing = [f"{m} {part}" for m in metrics for part in ("se", "n") if f"{m} {part}" not in header]
+    if missing:
+        raise ResultsCSVError(f"{path}: line {numbered[0][0]}: header lacks column(s) {missing}")
     rows = []
-    for cells in reader:
+    for line_no, cells in zip((i for i, _ in numbered[1:]), csv.reader(line for _, line in numbered[1:])):
+        if len(cells) != len(header):
+            raise ResultsCSVError(f"{path}: line {line_no}: has {len(cells)} cells where the header has "
+                                  f"{len(header)} (a truncated or hand-edited file?)")
         record = dict(zip(header, cells))
         row: dict[str, Any] = {k: record[k] for k in group_by}
         for m in metrics:
-            n = int(record[f"{m} n"] or 0)
-            row[m] = (float(record[f"{m} mean"]), float(record[f"{m} se"]), n)
+            column = f"{m} n"
+            try:
+                n = int(record[column] or 0)
+                column = f"{m} mean"
+                mean = float(record[column])
+                column = f"{m} se"
+                se = float(record[column])
+            except ValueError:
+                raise ResultsCSVError(f"{path}: line {line_no}, column {column!r}: {record[column]!r} is not a "
+                                      "number") from None
+            row[m] = (mean, se, n)
         rows.append(row)
     return rows, group_by
 
@@ -60,7 +92,8 @@ def judge_file(loaded: dict[str, Any], results_dir: Path) -> list[Judged]:
     """Every entry of one loaded reference file judged: peer entries once, the others against each
     table the file names (not run, with why, where the table is not committed)."""
     entries = loaded["references"]
-    out = [Judged("", v) for v in ref.verdicts([e for e in entries if e["kind"] == "peer"], [], [])]
+    peers = [e for e in entries if e["kind"] == "peer"]
+    out = [Judged("", v, e["_code"]) for e, v in zip(peers, ref.verdicts(peers, [], []))]
     table_entries = [e for e in entries if e["kind"] != "peer"]
     for table in loaded["tables"] if table_entries else ():
         path = results_dir / f"{table}.csv"
@@ -81,8 +114,15 @@ def _count(judged: list[Judged], verdicts: tuple[str, ...]) -> int:
     return sum(j.verdict.verdict in verdicts for j in judged)
 
 
+def _of(judged: list[Judged], kind: str, wins: tuple[str, ...], code: str | None = None) -> str:
+    """``k of n``: rows of ``kind`` (and peer ``code``) with a verdict in ``wins``, checks left out."""
+    rows = [j for j in judged if j.verdict.kind == kind and j.verdict.verdict != rules.CHECK
+            and (code is None or j.code == code)]
+    return f"{_count(rows, wins)} of {len(rows)}"
+
+
 def headline_line(claim: str, ids: list[str], judged: list[Judged]) -> str:
-    """``- claim: k of n rows reproduce or match (ids ...)``, over every table that judged them."""
+    """``- claim: counts of verdicts (ids ...)``, over every table that judged them."""
     hits = [j for j in judged if j.verdict.id in ids]
     counts = Counter(j.verdict.verdict for j in hits)
     parts = ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda kv: ref.VERDICTS.index(kv[0])))
@@ -91,7 +131,7 @@ def headline_line(claim: str, ids: list[str], judged: list[Judged]) -> str:
 
 def table_line(name: str, judged: list[Judged], results_dir: Path) -> str:
     shown = f"[{name}]({name}.md)" if (results_dir / f"{name}.md").is_file() else f"{name} (not committed)"
-    return "| " + " | ".join([shown if name else "peer CSVs (authors' code)", *counts_cells(judged)]) + " |"
+    return "| " + " | ".join([shown if name else "peer CSVs", *counts_cells(judged)]) + " |"
 
 
 def paper_title(folder: str, files: list[dict[str, Any]]) -> str:
@@ -99,19 +139,44 @@ def paper_title(folder: str, files: list[dict[str, Any]]) -> str:
     return current[0]["paper"] if current else folder
 
 
+COLUMNS = ("paper values reproduced", "claims reproduced", "match the authors' code", "match laplace-torch",
+           "inconclusive", "misses", "fails", "not run", "checks (not counted)")
+HEADER = "| " + " | ".join(COLUMNS) + " |"
+RULE = "|---" * (len(COLUMNS) + 1) + "|"
+
+
 def counts_cells(judged: list[Judged]) -> list[str]:
-    """reproduce the paper (k of n), match the authors' code (k of n), miss, not run, orderings."""
-    paper = [j for j in judged if j.verdict.kind == "paper"]
-    peer = [j for j in judged if j.verdict.kind == "peer"]
-    claims = [j for j in judged if j.verdict.kind == "claim"]
-    return [f"{_count(paper, REPRODUCES)} of {len(paper)}", f"{_count(peer, REPRODUCES)} of {len(peer)}",
-            str(_count(paper + peer, MISSES)), str(_count(paper + peer, ("not run",))),
-            f"{_count(claims, ('reproduces',))} / {_count(claims, ('within noise',))} / "
-            f"{_count(claims, ('does not reproduce',))} / {_count(claims, ('not run',))}"]
+    """One cell per ``COLUMNS``: k of n for paper values, claims and each peer's code; counts of
+    inconclusive, misses, fails, not run and checks."""
+    return [_of(judged, "paper", (rules.REPRODUCES,)), _of(judged, "claim", (rules.REPRODUCES,)),
+            _of(judged, "peer", (ref.MATCHES,), "authors"),
+            _of(judged, "peer", (ref.MATCHES_LAPLACE_TORCH,), "laplace-torch"),
+            str(_count(judged, (rules.INCONCLUSIVE,))), str(_count(judged, (rules.MISSES,))),
+            str(_count(judged, (rules.FAILS,))), str(_count(judged, (rules.NOT_RUN,))),
+            str(_count(judged, (rules.CHECK,)))]
 
 
-HEADER = ("| reproduce the paper | match the authors' code | miss | not run | "
-          "quoted orderings: hold / within noise / fail / not run |")
+def short_verdict(judged: list[Judged]) -> str:
+    """The counts of ``judged`` in one phrase for the top README's preset table (zero counts left out)."""
+    cells = dict(zip(COLUMNS, counts_cells(judged)))
+    parts = [f"{label} {cells[column]}" for column, label in (
+        ("paper values reproduced", "paper"), ("claims reproduced", "claims"),
+        ("match the authors' code", "authors' code"), ("match laplace-torch", "laplace-torch"))
+        if not cells[column].endswith(" of 0")]
+    parts += [f"{cells[c]} {c}" for c in ("inconclusive", "misses", "fails", "not run") if cells[c] != "0"]
+    return "; ".join(parts) or "no judged rows"
+
+
+def _where(j: Judged) -> str:
+    return f"`{j.verdict.id}`" + (f" ({j.table})" if j.table else "")
+
+
+def _numbers(j: Judged) -> str:
+    """One listed row with its numbers: ours against the reference (a claim: its two sides and interval)."""
+    v = j.verdict
+    if v.kind == "claim":
+        return f"{_where(j)}: {v.metric}: {v.ours}; {v.why}"
+    return f"{_where(j)}: ours {v.ours}; {v.reference}"
 
 
 def paper_section(folder: str, files: list[dict[str, Any]], results_dir: Path) -> list[str]:
@@ -122,33 +187,42 @@ def paper_section(folder: str, files: list[dict[str, Any]], results_dir: Path) -
     lines = [f"## {title}", "", f"Folder: [experiments/{folder}](../experiments/{folder}/); reference files: "
              + ", ".join(f"`{f['path'].name}`" for f in files) + ".", ""]
     judged = {id(f): judge_file(f, results_dir) for f in current}
+    findings = [x for f in current for x in f["findings"]]
+    if findings:
+        lines += ["Findings a reader needs to read these verdicts:", ""] + [f"- {x}" for x in findings] + [""]
     heads = [(h, judged[id(f)]) for f in current for h in (f["headline"] or [])]
     if heads:
         lines += ["Headline claims (verdicts of the rows that test them, over every table judged):", ""]
         lines += [headline_line(h["claim"], h["ids"], j) for h, j in heads] + [""]
     if current:
-        lines += ["| table " + HEADER, "|---|---|---|---|---|---|"]
+        lines += ["| table " + HEADER, RULE]
         by_table: dict[str, list[Judged]] = {}
         for f in current:
             for j in judged[id(f)]:
                 by_table.setdefault(j.table, []).append(j)
         lines += [table_line(name, js, results_dir) for name, js in by_table.items()] + [""]
         everything = [j for js in judged.values() for j in js]
-        where = lambda j: f"`{j.verdict.id}`" + (f" ({j.table})" if j.table else "")  # noqa: E731
-        misses = [j for j in everything if j.verdict.verdict in MISSES and j.verdict.kind in ("paper", "peer")]
-        fails = [j for j in everything if j.verdict.verdict == "does not reproduce" and j.verdict.kind == "claim"]
-        if misses:
-            lines += ["Quantitative rows that miss: " + "; ".join(map(where, misses)) + ".", ""]
-        if fails:
-            lines += ["Quoted orderings that fail: " + "; ".join(map(where, fails)) + ".", ""]
-        not_run = [j for j in everything if j.verdict.verdict == "not run" and j.verdict.kind in ("paper", "peer")]
+        for verdict, title_ in ((rules.MISSES, "Rows that miss"), (rules.FAILS, "Claims that fail"),
+                                (rules.INCONCLUSIVE, "Inconclusive rows")):
+            hits = [j for j in everything if j.verdict.verdict == verdict]
+            if hits:
+                lines += [f"{title_} ({len(hits)}):", ""] + [f"- {_numbers(j)}" for j in hits] + [""]
+        checks = [j for j in everything if j.verdict.verdict == rules.CHECK]
+        if checks:
+            lines += [f"Checks, not counted ({len(checks)}): " + "; ".join(
+                f"{_where(j)} ({j.verdict.why})" for j in checks) + ".", ""]
+        not_run = [j for j in everything if j.verdict.verdict == rules.NOT_RUN]
         if not_run:
-            lines += ["Quantitative rows not run:", ""]
+            lines += ["Rows not run:", ""]
             grouped: dict[str, list[Judged]] = {}
             for j in not_run:
                 grouped.setdefault(j.verdict.reason or j.verdict.why, []).append(j)
-            lines += [f"- {len(js)} row(s), {why}: " + ", ".join(map(where, js)) for why, js in grouped.items()]
+            lines += [f"- {len(js)} row(s), {why}: " + ", ".join(map(_where, js)) for why, js in grouped.items()]
             lines += [""]
+        retired = [r for f in current for r in f["retired"]]
+        if retired:
+            lines += ["Retired rows (not judged):", ""]
+            lines += [f"- `{r['id']}`: {r['what']} Retired because: {r['reason']}" for r in retired] + [""]
     for f in old:
         n_values = sum(e["kind"] == "value" for e in f["references"])
         n_claims = sum(e["kind"] == "claim" for e in f["references"])
@@ -163,16 +237,28 @@ def _anchor(title: str) -> str:
     return "".join(c for c in title.lower() if c.isalnum() or c in " -_").replace(" ", "-")
 
 
-def render(experiments_dir: Path = EXPERIMENTS_DIR, results_dir: Path = RESULTS_DIR) -> str:
-    """The text of ``results/README.md``."""
+def load_all(experiments_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every reference file, loaded, by experiments folder."""
     files: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(Path(experiments_dir).glob("*/*reference*.yaml")):
         files.setdefault(path.parent.name, []).append(ref.load_reference(path))
+    return files
+
+
+def render(experiments_dir: Path = EXPERIMENTS_DIR, results_dir: Path = RESULTS_DIR) -> str:
+    """The text of ``results/README.md``."""
+    files = load_all(experiments_dir)
     lines = ["# Reproduced papers: what holds here", "",
              f"Generated by `{COMMAND}` from `experiments/*/*reference*.yaml` and the committed tables "
-             "`results/<table>.csv`; do not edit by hand. How rows are judged:", "",
-             *(f"- {ref.RULES[k]}" for k in ("paper", "peer", "claim")), ""]
-    overview = ["| paper (experiments folder) " + HEADER, "|---|---|---|---|---|---|"]
+             "`results/<table>.csv`; do not edit by hand. The same judgement writes the \"Reference numbers\" "
+             "section of every `results/<table>.md` and the verdicts of the top README. How rows are judged "
+             "(`laplace_lab.reporting.verdict_rules`):", "",
+             *(f"- {ref.RULES[k]}" for k in ("paper", "claim", "peer")),
+             "- *not run*: the table or CSV has no such row or metric (the reason is listed). A row taken out "
+             "of the judgement stays in its file under `retired:` with its reason, and is listed below.", "",
+             "Each count `k of n` leaves checks out; `inconclusive`, `misses`, `fails`, `not run` count rows "
+             "of every kind.", ""]
+    overview = ["| paper (experiments folder) " + HEADER, RULE]
     sections: list[str] = []
     for folder, loaded in files.items():
         current = [f for f in loaded if f["format"] == 2]
@@ -181,27 +267,96 @@ def render(experiments_dir: Path = EXPERIMENTS_DIR, results_dir: Path = RESULTS_
             judged = [j for f in current for j in judge_file(f, Path(results_dir))]
             overview.append("| " + " | ".join([title, *counts_cells(judged)]) + " |")
         else:
-            overview.append(f"| {title} | first reference format: not counted | | | | |")
+            overview.append(f"| {title} | first reference format: not counted" + " |" * len(COLUMNS))
         sections += paper_section(folder, loaded, Path(results_dir))
     lines += overview + [""] + sections
     return "\n".join(lines).rstrip() + "\n"
 
 
+SECTION = "## Reference numbers"
+
+
+def table_reports(experiments_dir: Path = EXPERIMENTS_DIR, results_dir: Path = RESULTS_DIR) -> dict[Path, str]:
+    """``results/<table>.md`` -> its text with the "Reference numbers" section rewritten from the
+    committed CSV and every format-2 reference file that judges the table (only tables whose report
+    has such a section; the section ends at the next ``## `` heading)."""
+    by_table: dict[str, list[dict[str, Any]]] = {}
+    for loaded in load_all(experiments_dir).values():
+        for f in loaded:
+            if f["format"] == 2:
+                for table in f["tables"]:
+                    by_table.setdefault(table, []).append(f)
+    out = {}
+    for table, files in sorted(by_table.items()):
+        md, csv_path = Path(results_dir) / f"{table}.md", Path(results_dir) / f"{table}.csv"
+        if not (md.is_file() and csv_path.is_file()):
+            continue
+        text = md.read_text()
+        lines = text.splitlines()
+        if SECTION not in lines:
+            continue
+        rows, group_by = read_results_csv(csv_path)
+        entries = [e for f in files for e in f["references"] if e["kind"] != "peer"]
+        names = [str(f["path"].relative_to(Path(experiments_dir).parent)) if f["path"].is_relative_to(
+            Path(experiments_dir).parent) else f["path"].name for f in files]
+        section = ref.to_markdown(ref.verdicts(entries, rows, group_by), names,
+                                  [r for f in files for r in f["retired"]])
+        start = lines.index(SECTION)
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        head = lines[:start]
+        while head and not head[-1].strip():
+            head.pop()
+        tail = [""] + lines[end:] if end < len(lines) else []
+        out[md] = "\n".join(head + section + tail).rstrip() + "\n"
+    return out
+
+
+def readme_text(readme: Path = README, experiments_dir: Path = EXPERIMENTS_DIR,
+                results_dir: Path = RESULTS_DIR) -> str:
+    """The top README with the verdict cell (5th column) of each preset row rewritten from the judgement
+    of that committed table (rows whose second cell starts with a committed table's name in backticks)."""
+    judged: dict[str, list[Judged]] = {}
+    for loaded in load_all(experiments_dir).values():
+        for f in loaded:
+            if f["format"] == 2:
+                for j in judge_file(f, Path(results_dir)):
+                    for table in ([j.table] if j.table else f["tables"]):
+                        judged.setdefault(table, []).append(j)
+    lines = readme.read_text().splitlines()
+    for i, line in enumerate(lines):
+        cells = line.split(" | ")
+        if not line.startswith("| ") or len(cells) < 6 or not cells[1].startswith("`"):
+            continue
+        name = cells[1].split("`")[1]
+        if name in judged and (Path(results_dir) / f"{name}.csv").is_file():
+            cells[4] = short_verdict(judged[name])
+            lines[i] = " | ".join(cells)
+    return "\n".join(lines) + "\n"
+
+
+def outputs() -> dict[Path, str]:
+    """Every generated file and its text: results/README.md, the table reports, the top README."""
+    return {RESULTS_DIR / "README.md": render(), **table_reports(), README: readme_text()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 when results/README.md differs from the "
+    parser.add_argument("--check", action="store_true", help="exit 1 when any generated file differs from the "
                                                              "generated text (nothing is written)")
-    parser.add_argument("--output", type=Path, default=RESULTS_DIR / "README.md")
     args = parser.parse_args(argv)
-    text = render()
+    try:
+        generated = outputs()
+    except (ref.ReferenceFileError, ResultsCSVError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    stale = [p for p, text in generated.items() if (p.read_text() if p.is_file() else "") != text]
     if args.check:
-        current = args.output.read_text() if args.output.is_file() else ""
-        if current != text:
-            print(f"{args.output} is stale: run `{COMMAND}`", file=sys.stderr)
-            return 1
-        return 0
-    args.output.write_text(text)
-    print(args.output)
+        for path in stale:
+            print(f"{path.relative_to(REPO_ROOT)} is stale: run `{COMMAND}`", file=sys.stderr)
+        return 1 if stale else 0
+    for path in stale:
+        path.write_text(generated[path])
+        print(path.relative_to(REPO_ROOT))
     return 0
 
 

@@ -37,6 +37,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from laplace_lab.io.atomic import write_text_atomic
+from laplace_lab.io.wandb_offline import sync_hint
 from laplace_lab.sweeps import signals
 from laplace_lab.sweeps.devices import device_record
 from laplace_lab.sweeps.run_only import job_dirname
@@ -94,7 +95,8 @@ def run_tracked(run_fn: RunFn, cfg: Any, output_dir: Path) -> float:
     """Run ``run_fn(cfg, output_dir)`` (skipping finished multirun jobs); return the objective. ``cfg``
     is the composed job config (a mapping), handed to ``run_fn`` as it is and hashed here.
 
-    The output folder is logged when the run starts and when it ends (finished, skipped or failed)."""
+    The output folder is logged when the run starts and when it ends (finished, skipped or failed),
+    and last its offline W&B run with the command that uploads it (``io.wandb_offline``), if any."""
     log.info("Output folder: %s", output_dir.resolve())
     signals.install_in_worker()  # a launcher's worker: SIGTERM marks the job, not submitit's bypass
     try:
@@ -106,6 +108,9 @@ def run_tracked(run_fn: RunFn, cfg: Any, output_dir: Path) -> float:
         raise
     finally:
         log.info("Run ended; its outputs are in %s", output_dir.resolve())
+        hint = sync_hint(output_dir)
+        if hint:
+            log.info(hint)
 
 
 def _mark_interrupted(output_dir: Path, err: JobInterrupted, start: float | None = None) -> None:
@@ -114,6 +119,17 @@ def _mark_interrupted(output_dir: Path, err: JobInterrupted, start: float | None
     write_status(output_dir, state="failed", interrupted=err.signal_name, ended=now_iso(), ended_unix=time.time(),
                  error=f"JobInterrupted: {err}", traceback=None, **wall)
     log.error("Run in %s interrupted by %s: marked failed in %s", output_dir, err.signal_name, output_dir / STATUS_FILE)
+
+
+def record_skip(output_dir: Path, launch_id: str | None) -> None:
+    """Stamp a skipped finished job's ``status.json`` with this launch; a folder that cannot be written
+    (read-only or immutable: a protected finished result) is logged and the job stays skipped, its
+    metrics still read, instead of aborting the relaunch (the summary then counts it under its older launch)."""
+    try:
+        write_status(output_dir, last_launch_id=launch_id, last_action="skipped", skipped_at=now_iso())
+    except OSError as err:
+        log.warning("Skipped finished job in %s, but could not record the skip in its %s (%s: %s); its "
+                    "results are used as they are", output_dir, STATUS_FILE, type(err).__name__, err)
 
 
 def job_checkpoint_dir(dirpath: str, output_dir: Path, output_root: str | None) -> str:
@@ -147,7 +163,7 @@ def _run_tracked(run_fn: RunFn, cfg: Any, output_dir: Path) -> float:
         (output_dir / "metrics.json").unlink()
     elif finished:
         log.info("Skipping job #%s %s: already finished in %s", hc.job.num, name, output_dir)
-        write_status(output_dir, last_launch_id=launch_id, last_action="skipped", skipped_at=now_iso())
+        record_skip(output_dir, launch_id)
         return objective(read_metrics(output_dir), key)
     set_aside_unreadable(output_dir)  # a cut-off status.json / metrics.json: named, kept aside, run again
     set_aside_earlier_runs(output_dir)

@@ -245,8 +245,10 @@ def read_devices(job_dir: str | Path) -> dict[str, str | None]:
     return device_texts(read_status(job_dir) or {})
 
 
-# Ignored files under these folders are part of the package (a data loader, a config) and make
-# the tree dirty, less the caches below (``git status --ignored`` does not show them otherwise).
+# Untracked and ignored files under these folders are part of the package (a data loader, a
+# config) and make the tree dirty, less the caches below. Untracked files elsewhere (a user's own
+# scratch/ folder) do not: no preset reads them. Python files at the top level do, untracked or
+# ignored: ``python -m`` from the checkout can import them (``git_state``).
 PACKAGE_PATHS = ("src/laplace_lab", "conf")
 IGNORED_CACHES = ("__pycache__", ".pyc", ".egg-info")
 
@@ -254,9 +256,11 @@ IGNORED_CACHES = ("__pycache__", ".pyc", ".egg-info")
 def git_state(repo_root: str | Path = REPO_ROOT) -> dict[str, Any]:
     """``{"commit", "dirty", "dirty_files", "ignored_checked"}`` of the repository this package runs from.
 
-    Dirty: tracked changes, untracked files, or ignored files under ``PACKAGE_PATHS`` (less
-    ``IGNORED_CACHES``); ``dirty_files`` lists the first 20 porcelain lines that make it so.
-    ``commit`` / ``dirty`` are None outside a git checkout (or without git)."""
+    Dirty: a change to a tracked file anywhere; an untracked or ignored file under ``PACKAGE_PATHS``
+    (less ``IGNORED_CACHES``); an untracked or ignored ``.py`` file at the top level. Untracked
+    files elsewhere (one's own folder, e.g. ``scratch/``) leave the tree clean. ``dirty_files``
+    lists the first 20 porcelain lines that make it dirty. ``commit`` / ``dirty`` are None outside
+    a git checkout (or without git)."""
     def git(*args: str) -> str | None:
         try:
             out = subprocess.run(["git", "-C", str(repo_root), *args], capture_output=True, text=True, timeout=20)
@@ -265,13 +269,15 @@ def git_state(repo_root: str | Path = REPO_ROOT) -> dict[str, Any]:
         return out.stdout if out.returncode == 0 else None
 
     commit = git("rev-parse", "HEAD")
-    porcelain = git("status", "--porcelain") if commit else None
-    ignored = git("status", "--porcelain", "--ignored", "--untracked-files=all", "--", *PACKAGE_PATHS) if commit else None
-    if porcelain is None or ignored is None:
+    porcelain = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    # untracked ("??") and ignored ("!!") files of the package, one line per file
+    package = git("status", "--porcelain", "--ignored", "--untracked-files=all", "--", *PACKAGE_PATHS,
+                  ":(glob)*.py") if commit else None
+    if porcelain is None or package is None:
         return {"commit": commit.strip() if commit else None, "dirty": None, "dirty_files": [],
                 "ignored_checked": False}
     files = [line for line in porcelain.splitlines() if line.strip()]
-    files += [line for line in ignored.splitlines() if line.startswith("!! ")
+    files += [line for line in package.splitlines() if line.startswith(("?? ", "!! "))
               and not any(part == "__pycache__" or part.endswith(IGNORED_CACHES) for part in line[3:].split("/"))]
     return {"commit": commit.strip(), "dirty": bool(files), "dirty_files": files[:20], "ignored_checked": True}
 

@@ -26,8 +26,8 @@ import torch
 
 from laplace_lab.config.schema import AugmentationConfig, MarglikConfig
 from laplace_lab.laplace import differentiable_marglik as dm
+from laplace_lab.laplace.marglik_schedule import is_marglik_epoch, marglik_epochs
 from laplace_lab.models.augmentation import TRANSFORMS, AffineAugmentation, AugmentedModel
-from laplace_lab.training.online_marglik import is_marglik_epoch, marglik_epochs
 
 MODES = ("none", "fixed", "learned")
 

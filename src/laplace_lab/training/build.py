@@ -30,12 +30,26 @@ def resolve_likelihood(likelihood: str, datamodule: LabDataModule) -> str:
     return likelihood
 
 
+def ood_sets_used(run: RunConfig) -> list[str] | None:
+    """The data config's OOD sets (``data.ood``) that the evaluation will read: none when
+    ``evaluation.enabled`` or ``evaluation.ood.enabled`` is false, those named in
+    ``evaluation.ood.datasets`` when it is set; ``None`` when the data config has no ``ood``."""
+    listed = run.data.get("ood")
+    if listed is None:
+        return None
+    ood = run.evaluation.ood
+    if not (run.evaluation.enabled and ood.enabled):
+        return []
+    return [name for name in listed if ood.datasets is None or name in ood.datasets]
+
+
 def build(run: RunConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPCore]:
     """Instantiate the data module and the training module: ``module._target_`` for the plain loop
     (``loop="plain"``), its LightningModule twin for ``loop="lightning"``."""
     check_targets(run.raw)  # callers rebuild jobs from their config_resolved.yaml through here
     module_class = training_class(run.module["_target_"], loop)  # Lightning first: data.base
-    datamodule: LabDataModule = instantiate(run.data)
+    ood = ood_sets_used(run)  # the others are not looked for on disk (no warning about them)
+    datamodule: LabDataModule = instantiate(run.data) if ood is None else instantiate(run.data, ood=ood)
     likelihood = resolve_likelihood(run.likelihood, datamodule)
     n_out = datamodule.num_outputs * (2 if likelihood == "heteroscedastic_regression" else 1)
     model = instantiate(run.model)(input_shape=datamodule.input_shape, num_outputs=n_out)

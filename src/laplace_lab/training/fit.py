@@ -18,6 +18,7 @@ from laplace_lab.data.base import LabDataModule
 from laplace_lab.io.eta import attached_to_terminal
 from laplace_lab.training import loop_choice, map_cache
 from laplace_lab.training.build import build
+from laplace_lab.training.laplace_plan import check_run_laplace
 from laplace_lab.training.module import MAPCore
 from laplace_lab.training.plain_loop import PlainTrainer, resolve_device, seed_everything
 from laplace_lab.training.resume import check_resume, resume_path, run_fingerprint, run_identity
@@ -70,6 +71,8 @@ def train_map(run: RunConfig, output_dir: Path, loggers, loop: str | None = None
     if resume:
         check_resume(run, resume)
     datamodule, module = build(run, loop)
+    if run.needs_posthoc_laplace:  # its plan in one line; what cannot fit is refused before training
+        check_run_laplace(run, datamodule, module.model, module.likelihood)
     module.run_identity = run_identity(run)
     if run.checkpoint.enabled:
         module.run_fingerprint = run_fingerprint(run)
@@ -79,7 +82,7 @@ def train_map(run: RunConfig, output_dir: Path, loggers, loop: str | None = None
     cached = map_cache.cache_path(run, datamodule)
     if map_cache.load(module, cached):
         datamodule.setup("fit")
-        metrics = {"time/fit_s": 0.0, "map_cache/hit": 1.0}
+        metrics = {"time/fit_s": 0.0, "map_cache/hit": 1.0, **cached_validation(module, datamodule)}
     else:
         module.fit_clock_start = start
         if loop == "plain":  # (a run resuming from a checkpoint is never plain: loop_choice)
@@ -101,6 +104,18 @@ def train_map(run: RunConfig, output_dir: Path, loggers, loop: str | None = None
              "loaded from the MAP cache" if metrics.get("map_cache/hit") else "trained", trainer.current_epoch,
              trainer.global_step, metrics["time/fit_s"], f"{metrics['val/nll']:.4f}" if "val/nll" in metrics else "-")
     return datamodule, module, trainer, metrics
+
+
+def cached_validation(module: MAPCore, datamodule: LabDataModule) -> dict[str, float]:
+    """``val/nll`` of a network loaded from the MAP cache (no trainer ran, so no validation was logged):
+    the mean validation NLL over the whole validation set, as the last validation epoch logs it (the
+    sweep objective, Optuna's); ``{}`` for an empty validation set."""
+    from laplace_lab.training.map_grid import validation_nll  # (map_grid imports this module)
+
+    val = getattr(datamodule, "val_set", None)
+    if val is None or len(val) == 0:
+        return {}
+    return {"val/nll": validation_nll(module, datamodule)}
 
 
 def skipped_batches(module: MAPCore) -> dict[str, float]:

@@ -84,7 +84,7 @@ def train_map_grid(run: RunConfig, output_dir: Path, loggers, loop: str | None =
             best = (delta, datamodule, module, trainer, metrics)
     best_delta, datamodule, module, trainer, metrics = best
     val_nll = metrics["val/nll"]
-    if run.map_grid_refit:  # the grid's own value, not the module's float32 copy of it
+    if run.map_grid_refit:  # the grid's own value, not the module's copy of it (float32 for a float32 model)
         datamodule, module, trainer, metrics = train_map(refit_config(run, best_delta), output_dir / REFIT_NAME,
                                                          loggers=loggers, loop=loop)
         total_time += metrics["time/fit_s"]

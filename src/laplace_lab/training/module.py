@@ -12,10 +12,13 @@ tensor ``g`` (or one per parameter for a diagonal prior). ``N * loss`` is the ne
 ``p(D | theta)^(1/T) p(theta)``, whose Hessian is ``H / T + P0`` -- the same convention as the
 Laplace engine's posterior precision ``P = H / (sigma^2 T) + P0``. The prior precisions and,
 for regression, ``log_sigma_noise`` live in buffers so that online marglik can change them
-during training; the optimiser never sees them. Optimiser weight decay must stay 0: the prior
-term is the weight decay (``delta = weight_decay * N`` for plain SGD). With ``prior_in_loss=False``
-the loss is the NLL term alone (plain MSE / cross-entropy training, as in laplace-torch's
-regression example); the prior precision then only enters a post-hoc Laplace.
+during training; the optimiser never sees them. The buffers hold the model's floating dtype (a
+float64 network learns its prior and noise in float64): the constructor and the setters take it
+from the model's parameters, and ``.to(dtype)`` / ``.double()`` move them with the module.
+Optimiser weight decay must stay 0: the prior term is the weight decay (``delta = weight_decay * N``
+for plain SGD). With ``prior_in_loss=False`` the loss is the NLL term alone (plain MSE /
+cross-entropy training, as in laplace-torch's regression example); the prior precision then only
+enters a post-hoc Laplace.
 
 Loss scale (``loss_scale``, regression only for ``mse``): ``nll`` is the loss above; ``mse``
 multiplies it by ``2 sigma^2 T`` (sigma detached), i.e. ``MSE / B + 2 sigma^2 T prior / N`` plus a
@@ -117,9 +120,10 @@ class MAPCore(nn.Module):
         self.scheduler_factory = lr_scheduler
         self.n_param_tensors = len(list(model.parameters()))
         self._prior: Prior | None = None
-        self.register_buffer("prior_precision", torch.empty(0))
+        self.register_buffer("prior_precision", torch.empty(0, dtype=self.hyper_dtype))
         self.set_prior_precision(prior_precision)
-        self.register_buffer("log_sigma_noise", torch.tensor(float(sigma_noise)).log())
+        self.register_buffer("log_sigma_noise", torch.empty((), dtype=self.hyper_dtype))
+        self.set_sigma_noise(float(sigma_noise))
         # Set by the online-marglik callback in fused mode: records curvature during training steps.
         self.fused_curvature = None
 
@@ -147,9 +151,16 @@ class MAPCore(nn.Module):
     def sigma_noise(self) -> torch.Tensor:
         return self.log_sigma_noise.exp()
 
+    @property
+    def hyper_dtype(self) -> torch.dtype:
+        """The dtype of the hyperparameter buffers: the model's first floating parameter's (the
+        default dtype for a model without one)."""
+        return next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.get_default_dtype())
+
     def set_prior_precision(self, value: float | torch.Tensor) -> None:
-        """Set delta: a float, or a tensor of shape ``[1]``, ``[n_param_tensors]`` or ``[n_params]``."""
-        value = torch.as_tensor(value, dtype=torch.float32).detach().flatten()
+        """Set delta: a float, or a tensor of shape ``[1]``, ``[n_param_tensors]`` or ``[n_params]``
+        (stored in ``hyper_dtype``)."""
+        value = torch.as_tensor(value, dtype=self.hyper_dtype).detach().flatten()  # a float: no float32 detour
         n_params = sum(p.numel() for p in self.model.parameters())
         if value.numel() == 1:
             value = value.expand(self.n_param_tensors).clone()
@@ -161,7 +172,9 @@ class MAPCore(nn.Module):
         self.prior_precision = value.to(self.prior_precision.device if self.prior_precision.numel() else value.device)
 
     def set_sigma_noise(self, value: float | torch.Tensor) -> None:
-        self.log_sigma_noise = torch.as_tensor(value, dtype=torch.float32, device=self.log_sigma_noise.device).log().reshape(())
+        """Set sigma (a positive scalar); ``log_sigma_noise`` holds its log in ``hyper_dtype``."""
+        value = torch.as_tensor(value, dtype=self.hyper_dtype, device=self.log_sigma_noise.device).detach()
+        self.log_sigma_noise = value.log().reshape(())
 
     # --- objective ------------------------------------------------------------------------
     @property

@@ -49,6 +49,7 @@ from laplace_lab import lazy_attributes
 from laplace_lab.config.schema import MarglikConfig as M  # the options' defaults, declared once
 from laplace_lab.laplace import Laplace
 from laplace_lab.laplace.hyper import MarglikOptimizer
+from laplace_lab.laplace.marglik_schedule import is_marglik_epoch, marglik_epochs  # noqa: F401 (re-exported)
 from laplace_lab.training.hyperparameters import (
     PRIOR_STRUCTURES,
     example_input,
@@ -71,17 +72,6 @@ def warn_rejected(rejected: int, n_steps: int, epoch: int) -> None:
         log.warning("!!! online marglik at epoch %d: %d of %d hyper steps REJECTED (non-finite marglik or gradient): "
                     "the hyperparameters barely moved; training may be diverging (lower optimizer.lr or "
                     "marglik.lr_hyp) !!!", epoch, rejected, n_steps)
-
-
-def is_marglik_epoch(epoch: int, max_epochs: int, burnin: int, frequency: int) -> bool:
-    """Whether a marglik step runs after the 1-based ``epoch``: ``1 <= epoch <= max_epochs``,
-    ``epoch >= burnin`` and ``(epoch - burnin) % F == 0``."""
-    return max(burnin, 1) <= epoch <= max_epochs and (epoch - burnin) % frequency == 0
-
-
-def marglik_epochs(max_epochs: int, burnin: int, frequency: int) -> list[int]:
-    """1-based epochs after which a marglik step runs (``is_marglik_epoch``)."""
-    return [e for e in range(1, max_epochs + 1) if is_marglik_epoch(e, max_epochs, burnin, frequency)]
 
 
 def fit_for_marglik(la: Laplace, module: MAPModule, loader):

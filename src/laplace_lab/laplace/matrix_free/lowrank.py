@@ -130,6 +130,23 @@ class LowRankStructure(Structure):
         self.set_eigenpairs(lam, U)
         return loss, n_data, n_outputs
 
+    # ---- memory plan (laplace.plan) --------------------------------------------------------
+    @classmethod
+    def memory_plan(cls, shape, batch, n_factors, options):
+        """``U`` ``[P, k]``; the fit holds the Lanczos basis ``[P, m]`` (``m = min(P, max(2k, k +
+        20))`` steps) and one batch of the GGN operator (a forward, its Jacobian-vector product and
+        the backward: about twice a batch backend's). Coarse: not checked by benchmarks/plan_accuracy.py."""
+        from laplace_lab.laplace.plan import MemoryPlan, backend_batch_bytes, glm_bytes_per_input
+
+        b, P = shape.itemsize, shape.n_params
+        k = min(int(options.get("n_eigs", 100)), P)
+        m = min(P, max(2 * k, k + 20))
+        parts = {"Lanczos basis [P, m]": b * P * m, "eigenvectors [P, k]": b * P * k,
+                 "GGN products": 2 * sum(backend_batch_bytes(shape, batch, n_factors, False).values())}
+        return MemoryPlan(state=b * P * k, fit=sum(parts.values()), predict_fixed=2 * b * P * k,
+                          predict_per_input=glm_bytes_per_input(shape), sample_fixed=b * P * k,
+                          sample_per_draw=3 * b * P, parts=parts)
+
     def set_eigenpairs(self, eigvals: torch.Tensor, U: torch.Tensor) -> None:
         """Store ``H ~= U diag(eigvals) U^T``, dropping eigenvalues ``<= rtol * max``."""
         rtol = self.rtol if self.rtol is not None else 100 * torch.finfo(self.dtype).eps

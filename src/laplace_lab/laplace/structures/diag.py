@@ -74,6 +74,22 @@ class DiagStructure(Structure):
     def dense_precision(self, c, prior):
         return torch.diag(self.precision(c, prior))
 
+    # ---- memory plan (laplace.plan) --------------------------------------------------------
+    @classmethod
+    def memory_plan(cls, shape, batch, n_factors, options):
+        """``h`` ``[P]``; accumulation squares a Linear's output gradients (``K N`` rows, one layer
+        at a time; other layers: the diag kernels' chunks); predictive and samples: ``[P]`` vectors."""
+        from laplace_lab.laplace.modules import CHUNK_FLOATS
+        from laplace_lab.laplace.plan import MemoryPlan, backend_batch_bytes, glm_bytes_per_input
+
+        b, P = shape.itemsize, shape.n_params
+        parts = backend_batch_bytes(shape, batch, n_factors, cls.factor_chunks)
+        square = max([lay.out_numel for lay in shape.layers if lay.kfac and lay.positions == 1], default=0)
+        parts |= {"diagonal [P]": b * P, "squared gradients": b * (square * batch * n_factors + CHUNK_FLOATS)}
+        return MemoryPlan(state=b * P, fit=sum(parts.values()), predict_fixed=2 * b * P,
+                          predict_per_input=glm_bytes_per_input(shape), sample_fixed=b * P,
+                          sample_per_draw=2 * b * P, parts=parts)
+
     def state_dict(self):
         return {"h": self.h}
 

@@ -85,6 +85,36 @@ class FullStructure(Structure):
             V = torch.cat(cols, 1).double()
             self._H_acc().add_(V.T @ V)
 
+    # ---- memory plan (laplace.plan) --------------------------------------------------------
+    @classmethod
+    def memory_plan(cls, shape, batch, n_factors, options):
+        """``H`` ``[P, P]`` in float64. Fit: ``H`` plus ``V^T V``'s ``[P, P]`` float64 result and the
+        per-sample gradients ``V`` of ``k N`` rows (``modules._k_chunks``: float32 columns, their
+        concatenation and its float64 copy); a single Linear (last layer) instead builds its block
+        from ``[C^2, d^2]`` float64 sums, their permuted copy and, with a bias, the assembled block
+        (about ``4 P^2`` float64 in all). Predictive / sampling: the precision and its Cholesky
+        factor or inverse, two more ``[P, P]`` float64."""
+        from laplace_lab.laplace.plan import MemoryPlan, backend_batch_bytes, glm_bytes_per_input
+
+        b, P, N, K = shape.itemsize, shape.n_params, batch, n_factors
+        dense = 8 * P * P
+        parts = backend_batch_bytes(shape, batch, n_factors, cls.factor_chunks)
+        lay = shape.layers[0]
+        if len(shape.layers) == 1 and lay.kfac and lay.positions == 1 and lay.d_in:  # _linear_full_block
+            C, d = lay.d_out, lay.d_in
+            ww = 8 * C * C * d * d
+            bias = lay.numel > C * d
+            parts |= {"H [P, P] float64": dense, "weight block sums": ww,
+                      "weight block copy": ww, "assembled block": dense if bias else 0,
+                      "per-input sums": 8 * N * (C * C + d + K * C) + 8 * min(N, max(1, 2 ** 24 // (d * d))) * d * d}
+        else:
+            rows = max(1, min(K, 2 ** 25 // max(1, N * P))) * N  # modules._k_chunks
+            parts |= {"H [P, P] float64": dense, "V^T V float64": dense,
+                      "per-sample gradients": (2 * b + 8) * rows * P}
+        return MemoryPlan(state=dense, fit=sum(parts.values()), predict_fixed=2 * dense + b * P * P,
+                          predict_per_input=glm_bytes_per_input(shape) + b * K * P, sample_fixed=2 * dense,
+                          sample_per_draw=3 * 8 * P, parts=parts)
+
     def curvature_eigh(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(lam [P], U [P, P])``: float64 eigendecomposition ``H = U diag(lam) U^T``."""
         return torch.linalg.eigh(self._H_acc())

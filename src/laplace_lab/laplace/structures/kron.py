@@ -328,6 +328,33 @@ class KronStructure(Structure):
         eye = torch.eye(self.n_params, device=self.device, dtype=self.dtype)
         return self._map(eye, c, prior, 1.0)
 
+    # ---- memory plan (laplace.plan) --------------------------------------------------------
+    @classmethod
+    def memory_plan(cls, shape, batch, n_factors, options):
+        """Raw factor sums ``A`` ``[d_in, d_in]`` and ``G`` ``[d_out, d_out]`` per Linear / Conv2d
+        (a diagonal for other tensors), then their eigenbases (same sizes) from ``finalize``. Fit
+        peak: the larger of (raw sums + one batch + one layer's new factors and their sums) and (raw sums + eigenbases + the largest ``eigh``'s input copy and
+        workspace, about ``3 d^2``). Predictive: the inverse eigenvalues ``[d_out, d_in]`` per
+        layer; samples: three ``[P]`` vectors per draw."""
+        from laplace_lab.laplace.plan import MemoryPlan, backend_batch_bytes, glm_bytes_per_input
+
+        b, P = shape.itemsize, shape.n_params
+        kf = [lay for lay in shape.layers if lay.kfac]
+        raw = sum(lay.d_in ** 2 + lay.d_out ** 2 for lay in kf) + sum(lay.numel for lay in shape.layers
+                                                                        if not lay.kfac)
+        eig = sum(lay.d_in ** 2 + lay.d_out ** 2 + lay.d_in + lay.d_out for lay in kf)
+        acc = max([2 * (lay.d_in ** 2 + lay.d_out ** 2) for lay in kf], default=0)
+        fin = 3 * max([d for lay in kf for d in (lay.d_in, lay.d_out)], default=0) ** 2
+        parts = backend_batch_bytes(shape, batch, n_factors, cls.factor_chunks)
+        batch_peak = sum(parts.values()) + b * acc
+        parts = {"factor sums": b * raw, **parts, "layer factors": b * acc}
+        if b * (eig + fin) > batch_peak:
+            parts = {"factor sums": b * raw, "eigenbases": b * eig, "eigh workspace": b * fin}
+        return MemoryPlan(state=b * (raw + eig), fit=sum(parts.values()),
+                          predict_fixed=b * sum(lay.d_in * lay.d_out for lay in kf),
+                          predict_per_input=glm_bytes_per_input(shape), sample_fixed=0,
+                          sample_per_draw=3 * b * P, parts=parts)
+
     def state_dict(self):
         return {"raw": self.raw, "kfac_approx": self.kfac_approx}
 
