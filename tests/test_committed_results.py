@@ -34,6 +34,12 @@ def test_some_tables_are_committed():
     assert len(TABLES) >= 10, [t.name for t in TABLES]
 
 
+def test_no_committed_table_write_was_cut_off():
+    """A journal of ``io.atomic.write_texts_together`` in results/: a table write stopped between its
+    renames (``table_commit.settled_table`` completes it; commit the completed files, not the journal)."""
+    assert not sorted((ROOT / "results").glob(".*.writing.json"))
+
+
 @pytest.mark.parametrize("table", TABLES, ids=lambda p: p.stem)
 def test_table_jobs_come_from_its_one_clean_commit(table):
     commit, presets = header(table)

@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from laplace_lab.config import CONF_DIR
 from laplace_lab.config.instantiate import CONFIG_ERRORS, config_phase
 from laplace_lab.config.schema import RunConfig
-from laplace_lab.config.targets import guard_hydra_callbacks
+from laplace_lab.config.targets import guard_hydra_config
 from laplace_lab.config.validation import validate_config
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.evaluation.labels import run_label
@@ -53,7 +53,7 @@ from laplace_lab.training.underfit import train_target_std, warn_if_underfit
 
 log = logging.getLogger(__name__)
 quiet_logs.install()  # third-party tips and known-harmless warnings, before Hydra composes the config
-guard_hydra_callbacks()  # hydra.callbacks.* targets are checked against the allowlist before Hydra builds them
+guard_hydra_config()  # the hydra node (callbacks, logging, launcher, sweeper) is checked as Hydra composes it
 
 
 class NonFiniteMetricsError(RuntimeError):

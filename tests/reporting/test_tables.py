@@ -590,10 +590,14 @@ def test_committed_reference_files_are_valid():
 
 def test_cli_refuses_with_a_message_and_commits_results_only_when_asked(sweep, tmp_path, repo, monkeypatch, capsys):
     set_git(finished_jobs(sweep)[0], "abc1234", dirty=True)
+    with pytest.raises(SystemExit, match="error: --commit-results needs --preset"):
+        tables.main([str(sweep), "--name", "t", "--commit-results", "--allow-mixed"])
+    monkeypatch.setattr(tables, "preset_spec", lambda preset, real=tables.preset_spec: {"name": "t"} if preset == "t"
+                        else real(preset))  # a stand-in preset "t" whose table is t
     with pytest.raises(SystemExit, match="error: refusing to write table 't': 1 job.* ran from a dirty"):
-        tables.main([str(sweep), "--name", "t", "--commit-results"])
+        tables.main([str(sweep), "--preset", "t", "--commit-results"])
     assert not (repo / "results").exists()
-    tables.main([str(sweep), "--name", "t", "--commit-results", "--allow-mixed"])
+    tables.main([str(sweep), "--preset", "t", "--commit-results", "--allow-mixed"])
     assert capsys.readouterr().out.split() == [str(repo / "results" / f"t{s}") for s in (".md", ".csv", ".jobs.csv")]
     # --preset alone: the preset's default sweep folder, tables written into it
     shutil.copytree(sweep, tmp_path / "outputs" / "redux_mnist" / "multirun")

@@ -6,11 +6,12 @@ figures removed, the three files written whole."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
-from laplace_lab.io.atomic import atomic_path
-from laplace_lab.reporting import tables
+from laplace_lab.io import atomic
+from laplace_lab.reporting import table_commit, tables
 from laplace_lab.reporting.table_commit import ShrinkingTable
 
 from .test_tables import make_job, read_csv, repo, sweep  # noqa: F401
@@ -51,7 +52,7 @@ def test_results_subfolders_need_commit_results(sweep, repo):  # noqa: F811
     assert not (repo / "results").exists()
 
 
-def test_commit_results_refuses_a_smaller_table_and_removes_stale_figures(sweep, tmp_path, repo):  # noqa: F811
+def test_commit_results_refuses_a_smaller_table_and_removes_stale_figures(sweep, tmp_path, repo, monkeypatch):  # noqa: F811
     full = tables.aggregate([sweep], "t", metrics=["test/map/acc"], commit_results=True, figures=["reliability"])
     figures = repo / "results" / "t_figures"
     assert sorted(p.name for p in figures.iterdir()) == ["model=lenet,curvature=diag__reliability.png",
@@ -65,10 +66,13 @@ def test_commit_results_refuses_a_smaller_table_and_removes_stale_figures(sweep,
                                              r"seed=1, seed=2; rows missing: model=lenet,curvature=diag"):
         tables.aggregate([small], "t", metrics=["test/map/acc"], commit_results=True, figures=["reliability"])
     assert {p: p.read_text() for p in full} == before  # nothing written
+    monkeypatch.setattr(tables, "preset_spec", lambda preset, real=tables.preset_spec: {"name": "t"} if preset == "t"
+                        else real(preset))  # a stand-in preset "t" whose table is t
+    cli = [str(small), "--preset", "t", "--allow-mixed", "--metrics", "test/map/acc", "--commit-results", "--figures",
+           "reliability"]  # (--allow-mixed: the stand-in preset is in no commit)
     with pytest.raises(SystemExit, match="--allow-smaller"):
-        tables.main([str(small), "--name", "t", "--metrics", "test/map/acc", "--commit-results", "--figures", "reliability"])
-    tables.main([str(small), "--name", "t", "--metrics", "test/map/acc", "--commit-results", "--figures", "reliability",
-                 "--allow-smaller"])
+        tables.main(cli)
+    tables.main([*cli, "--allow-smaller"])
     assert [r["n"] for r in read_csv(repo / "results" / "t.csv")] == ["1"]
     assert sorted(p.name for p in figures.iterdir()) == ["model=mlp,curvature=kron__reliability.png", "other.png"]
     # the same or a bigger table replaces it without the flag
@@ -76,24 +80,50 @@ def test_commit_results_refuses_a_smaller_table_and_removes_stale_figures(sweep,
 
 
 def test_the_three_files_are_written_whole(sweep, tmp_path, monkeypatch):  # noqa: F811
-    """A write that dies leaves the old file, not a cut-off one, and no temporary file."""
+    """A write that dies while the files are written leaves the old files, not cut-off ones, and no
+    temporary file."""
     paths = tables.aggregate([sweep], "t", metrics=["test/map/acc"])
     old = {p: p.read_text() for p in paths}
     calls = {"n": 0}
-    real = tables.write_text_atomic
+    real = atomic._fsync
 
-    def dies_on_the_second(path, text):
+    def dies_on_the_second(path):
         calls["n"] += 1
         if calls["n"] == 2:
-            with atomic_path(path) as tmp:
-                tmp.write_text(text[:10])
-                raise KeyboardInterrupt
-        real(path, text)
+            raise KeyboardInterrupt
+        real(path)
 
-    monkeypatch.setattr(tables, "write_text_atomic", dies_on_the_second)
+    monkeypatch.setattr(atomic, "_fsync", dies_on_the_second)
     with pytest.raises(KeyboardInterrupt):
         tables.aggregate([sweep], "t", metrics=["test/map/acc", "test/la/nll"])
-    assert paths[1].read_text() == old[paths[1]]
+    assert {p: p.read_text() for p in paths} == old
+    assert not [p for p in sweep.iterdir() if p.name.endswith(".tmp") or p.name.endswith(".writing.json")]
+
+
+def test_the_three_files_become_visible_together(sweep, tmp_path, monkeypatch):  # noqa: F811
+    """``kill -9`` between two renames (simulated: the process stops after the first): the journal
+    stays, and the next reader (``committed_shape``, a table write) completes the set, so no new
+    ``.md`` is ever read beside an old ``.csv``."""
+    paths = tables.aggregate([sweep], "t", metrics=["test/map/acc"])
+    real = os.replace
+    calls = {"n": 0}
+
+    def killed_after_the_first_rename(src, dst):
+        calls["n"] += 1
+        if calls["n"] == 3:  # 1: the journal itself, 2: the .md, 3: the .csv
+            raise SystemExit("killed")
+        real(src, dst)
+
+    monkeypatch.setattr(atomic.os, "replace", killed_after_the_first_rename)
+    with pytest.raises(SystemExit):
+        tables.aggregate([sweep], "t", metrics=["test/map/acc", "test/la/nll"])
+    monkeypatch.setattr(atomic.os, "replace", real)
+    journal = table_commit.table_journal(sweep, "t")
+    assert journal.is_file() and "test/la/nll" in paths[0].read_text()  # the new .md, beside
+    assert "test/la/nll" not in paths[1].read_text()  # the old .csv: the state a reader must not see
+    shape = table_commit.committed_shape(sweep, "t")  # a reader: completes the write first
+    assert not journal.exists() and shape is not None
+    assert all("test/la/nll" in p.read_text() for p in paths)
     assert not [p for p in sweep.iterdir() if p.name.endswith(".tmp")]
 
 

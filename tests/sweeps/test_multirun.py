@@ -95,10 +95,10 @@ def test_config_fingerprint_ignores_run_only_keys():
 @pytest.mark.slow  # Ray start-up: 20-35 s alone, timed out (300 s) on the overloaded 2-core machine
 def test_ray_two_parallel_cpu_jobs_and_aggregation(tmp_path):
     require_plugin("hydra_plugins.hydra_ray_launcher")
-    results = tmp_path / "results"
     proc, sweep = multirun(tmp_path, "hydra/launcher=ray", *TINY, "seed=0,1",
-                           f"+aggregate={{name:ray_tiny,metrics:[val/nll],results_dir:'{results}'}}", timeout=300)
+                           "+aggregate={name:ray_tiny,metrics:[val/nll],results_dir:tables}", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    results = sweep / "tables"  # (results_dir: a folder below the sweep folder)
     assert "Ray Launcher is launching 2 jobs" in proc.stdout + proc.stderr
     s = summary(sweep)
     assert s["counts"]["finished"] == 2 and s["counts"]["failed"] == 0
@@ -157,10 +157,10 @@ def test_submitit_configs_compose_and_local_runs_a_job(tmp_path):
 def test_aggregation_leaves_out_metrics_no_job_of_the_launch_has(tmp_path):
     # A preset may list metrics of runs this launch does not have (e.g. the OOD set of the other data
     # set in a one-set launch): the end-of-multirun table leaves them out, names them, and exits 0.
-    results = tmp_path / "results"
     proc, sweep = multirun(tmp_path, *TINY, "seed=0",
-                           f"+aggregate={{name:tiny,metrics:[val/nll,ood/absent/auroc],results_dir:'{results}'}}")
+                           "+aggregate={name:tiny,metrics:[val/nll,ood/absent/auroc],results_dir:tables}")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    results = sweep / "tables"
     md = (results / "tiny.md").read_text()
     assert "## Metrics left out (in no run's metrics.json)\n\n`ood/absent/auroc`" in md
     assert "| val/nll |" in md and "ood/absent/auroc |" not in md

@@ -47,3 +47,25 @@ def test_states_and_saved_epochs(tmp_path, capsys):
 def test_a_missing_folder_is_an_error(tmp_path):
     with pytest.raises(SystemExit):
         progress.main([str(tmp_path / "nope")])
+
+
+@pytest.mark.parametrize("record, shown", [
+    ({"phase": "MAP training", "epoch": "x", "updated_unix": "soon", "eta_unix": [1]}, "(MAP training)"),
+    ({"phase": "MAP training", "epoch": 3, "max_epochs": None, "epoch_s": "slow", "updated_unix": 1e300},
+     "(last progress at ?: MAP training: epoch 3/?)"),
+    ({"phase": ["not", "text"], "epoch": float("nan")}, "(?)"),
+    ([1, 2, 3], ""),  # not a record at all: no progress shown
+    ("text", ""),
+])
+def test_a_malformed_progress_file_skips_the_bad_field_and_lists_every_job(tmp_path, capsys, record, shown):
+    """A malformed ``progress.json`` (wrong types, not an object): its bad fields are left out, the
+    job and every other job are still listed, as for unreadable status files."""
+    sweep = tmp_path / "multirun"
+    bad = _job(sweep, "a_bad", {"state": "running", "pid": 2**22 + 12347}, config=False)
+    (bad / "progress.json").write_text(json.dumps(record))
+    done = _job(sweep, "b_done", {"state": "finished"})
+    (done / "metrics.json").write_text("{}")
+    assert progress.main([str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"cut off   multirun/a_bad{'  ' + shown if shown else ''}", "finished  multirun/b_done",
+                     "1 cut off, 1 finished"]

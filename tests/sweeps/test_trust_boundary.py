@@ -54,7 +54,7 @@ def test_loader_targets_are_refused_from_the_command_line(evil, tmp_path):
     for target in ("torch.load", "torch.hub.load", "laplace_lab.sweeps.records.restore", "torch.serialization.load"):
         cfg = compose_config(["data=sinusoid", f"data._target_={target}", f"+data.f={path}", "+data.weights_only=false",
                               "logger=csv"])
-        with pytest.raises(ValueError, match=rf"data._target_='{target}' is not allowed; allowed: \[.*'torch.optim.Adam'"):
+        with pytest.raises(ValueError, match=rf"data._target_='{target}' is not allowed; allowed: \[.*'laplace_lab.data.SinusoidDataModule'"):
             run(cfg, tmp_path / "run")
     assert not marker.exists()
 

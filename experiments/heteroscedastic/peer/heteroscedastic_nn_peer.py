@@ -44,6 +44,10 @@ import time
 import types
 from pathlib import Path
 
+# the project's stdlib-only helpers, importable also in the authors' environment (no PYTHONPATH=src)
+sys.path.append(str(Path(__file__).resolve().parents[3] / "src"))
+from laplace_lab.reporting.peer_checkout import PeerCheckoutError, checkout_commit  # noqa: E402
+
 # our method names -> the authors' command-line options (commands/jobs_uci_generate.py)
 METHODS = {
     "het_online": {"likelihood": "heteroscedastic", "method": "marglik", "head": "natural"},
@@ -121,8 +125,7 @@ def patch_standard_split(uci_module, data_dir: Path, split: int) -> type:
 
 
 def git_commit(path: Path) -> str:
-    return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return checkout_commit(path, "aleximmer/heteroscedastic-nn", "--repo")
 
 
 def run_one(repo: Path, data_dir: Path, data: str, split: int, method: str) -> dict:
@@ -192,6 +195,11 @@ def main() -> None:
     if not args.add_ours and (args.repo is None or (args.data_dir is None and not args.import_rows)):
         parser.error("--repo (a checkout of aleximmer/heteroscedastic-nn) and --data-dir are required to run "
                      "the authors' code")
+    if not args.add_ours:
+        try:
+            git_commit(args.repo)  # a missing checkout: where to clone it from, before any work
+        except PeerCheckoutError as err:
+            parser.error(str(err))
     for name in args.sets.split(","):
         if name not in SETS:
             parser.error(f"--sets: {name!r} is not one of {list(SETS)}")

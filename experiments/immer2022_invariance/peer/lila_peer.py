@@ -53,6 +53,10 @@ import sys
 import time
 from pathlib import Path
 
+# the project's stdlib-only helpers, importable also in the authors' environment (no PYTHONPATH=src)
+sys.path.append(str(Path(__file__).resolve().parents[3] / "src"))
+from laplace_lab.reporting.peer_checkout import PeerCheckoutError, checkout_commit  # noqa: E402
+
 VARIANTS = {"mnist": "none", "mnist_r180": "rotated_full", "mnist_r90": "rotated_partial",
             "translated_mnist": "translated"}
 MODES = ("none", "learned")
@@ -191,8 +195,10 @@ def main() -> None:
         unknown = [v for v in value.split(",") if v not in allowed]
         if unknown:
             parser.error(f"{name}: {unknown} not supported; allowed: {list(allowed)}")
-    commit = subprocess.run(["git", "-C", str(args.repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                            check=True).stdout.strip()
+    try:
+        commit = checkout_commit(args.repo, "tychovdo/lila", "--repo")
+    except PeerCheckoutError as err:
+        parser.error(str(err))
     done = done_runs(args.out)
     if not args.out.exists():
         with args.out.open("w", newline="") as f:

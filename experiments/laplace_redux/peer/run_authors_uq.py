@@ -55,6 +55,8 @@ import numpy as np
 import torch
 import yaml
 
+from laplace_lab.reporting.peer_checkout import PeerCheckoutError, checkout_commit
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 AUTHORS_REPO = "runame/laplace-redux"
@@ -282,7 +284,10 @@ def checked_authors_commit(p: argparse.ArgumentParser, args) -> str:
     ``AUTHORS_COMMIT`` (unless ``--allow-other-commit``)."""
     if args.data_dir is None:
         p.error("--data-dir: give the data folder (or set LAPLACE_LAB_DATA_DIR)")
-    commit = git_head(args.authors_repo)
+    try:
+        commit = checkout_commit(args.authors_repo, AUTHORS_REPO, "--authors-repo", AUTHORS_COMMIT)
+    except PeerCheckoutError as err:
+        p.error(str(err))
     if commit != AUTHORS_COMMIT and not args.allow_other_commit:
         p.error(f"--authors-repo is at {commit}, not {AUTHORS_COMMIT} (--allow-other-commit to run it anyway)")
     return commit

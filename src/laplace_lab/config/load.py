@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from laplace_lab.config.fields import build
+from laplace_lab.config.paths import check_paths
 from laplace_lab.config.schema import (
     GROUPS,
     TRAINER_KEYS,
@@ -101,6 +102,7 @@ def load_run_config(cfg: Any) -> RunConfig:
     from laplace_lab.evaluation.config import validate_config as evaluation_config
 
     data, source = resolved(cfg), unresolved(cfg)
+    check_paths(data)  # names that become paths, roots not empty
     check_values(data)
     groups = {name for name in GROUPS} | set(TARGET_GROUPS)
     root = {k: v for k, v in data.items() if k not in groups and k not in ROOT_EXTRA}

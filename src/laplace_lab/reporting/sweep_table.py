@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from laplace_lab.io.names import check_name, inside
 from laplace_lab.reporting.model_selection import validate_spec
 
 AGGREGATE_KEYS = ("name", "metrics", "group_by", "seed_keys", "results_dir", "figures", "model_selection")
@@ -28,6 +29,9 @@ def validate_aggregate(aggregate: Any) -> dict[str, Any] | None:
                          f"allowed: {list(AGGREGATE_KEYS)}")
     if not spec.get("name"):
         raise ValueError("aggregate.name is required (the results/<name>.md table)")
+    check_name(spec["name"], "aggregate.name")  # checked before any job runs; tables.aggregate again
+    if spec.get("results_dir") is not None:
+        inside(spec["results_dir"], ".", "aggregate.results_dir")  # below the sweep folder
     if spec.get("model_selection") is not None:
         validate_spec(spec["model_selection"])
     return spec

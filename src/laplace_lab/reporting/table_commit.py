@@ -13,6 +13,8 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
+from laplace_lab.io.atomic import finish_interrupted
+
 
 class ShrinkingTable(ValueError):
     """The new table has fewer jobs, seeds or rows than the committed one it would replace."""
@@ -38,9 +40,22 @@ def seed_set(cells) -> frozenset[str]:
     return frozenset(s.strip() for cell in cells for s in str(cell).split(",") if s.strip())
 
 
+def table_journal(folder: Path, name: str) -> Path:
+    """The journal of a write of table ``name`` in ``folder`` (``io.atomic.write_texts_together``):
+    it exists only while (or because) a write of its three files stopped between the renames."""
+    return Path(folder) / f".{name}.writing.json"
+
+
+def settled_table(folder: Path, name: str) -> tuple[Path, Path, Path]:
+    """``<name>.md``, ``<name>.csv``, ``<name>.jobs.csv`` of ``folder``, after completing a write of
+    them that was interrupted between its renames: what every reader of a table opens."""
+    finish_interrupted(table_journal(folder, name))
+    return tuple(Path(folder) / f"{name}{suffix}" for suffix in (".md", ".csv", ".jobs.csv"))
+
+
 def committed_shape(results_dir: Path, name: str) -> TableShape | None:
     """The shape of the committed ``<name>.csv`` / ``<name>.jobs.csv`` (None when there is none)."""
-    table, jobs = results_dir / f"{name}.csv", results_dir / f"{name}.jobs.csv"
+    _, table, jobs = settled_table(results_dir, name)
     if not table.is_file():
         return None
     header, *body = _csv_rows(table) or [[]]

@@ -5,9 +5,10 @@
         [--figures reliability] [--results-dir DIR | --commit-results] [--preset P] [--reference FILE] \
         [--allow-mixed] [--allow-mixed-launches] [--allow-smaller]
 
-Tables go to the (first) multirun folder unless ``--results-dir``; only ``--commit-results``
-writes into the repository's ``results/`` (a ``--results-dir`` under it is refused), and it refuses
-to replace a committed table by one with fewer jobs, seeds or rows unless ``--allow-smaller``
+Tables go to the (first) multirun folder unless ``--results-dir``. A table name is a plain name,
+never a path (``io.names``). Only ``--commit-results`` writes into the repository's ``results/`` (a
+``--results-dir`` under it is refused), with ``--preset`` and that preset's own table name (or
+``<name>_<suffix>``, a variant of it), and it refuses to replace a committed table by one with fewer jobs, seeds or rows unless ``--allow-smaller``
 (``table_commit``). The jobs must come from one clean commit (no
 modified, untracked, or ignored package files at job start) that contains
 ``conf/experiment/<preset>.yaml``, and from one launch command (less run-only overrides), or the
@@ -38,7 +39,7 @@ instead (per-epoch means over the seeds, one line per group, one figure).
 Also called by the ``SweepSummary`` callback at the end of a multirun when the config has a root
 ``aggregate: {name, metrics, group_by, seed_keys, results_dir, figures, model_selection}`` (or
 ``hydra.callbacks.sweep_summary.aggregate``), through ``aggregate_sweep``: the jobs of that launch,
-written into the sweep folder (a relative ``results_dir`` is taken under it), never into
+written into the sweep folder (``results_dir``: a relative folder under it), never into
 ``results/``; provenance problems do not stop it but are stated in the header.
 """
 
@@ -62,7 +63,8 @@ from typing import Any
 
 import yaml
 
-from laplace_lab.io.atomic import write_text_atomic
+from laplace_lab.io.atomic import write_texts_together
+from laplace_lab.io.names import check_name, inside
 from laplace_lab.reporting import reference as ref
 from laplace_lab.reporting.derived_metrics import add_derived
 from laplace_lab.reporting.figures import TABLE_FIGURES
@@ -81,7 +83,13 @@ from laplace_lab.reporting.provenance import (
     run_launches,
 )
 from laplace_lab.reporting.summary_stats import mean_se
-from laplace_lab.reporting.table_commit import TableShape, check_replacement, seed_set
+from laplace_lab.reporting.table_commit import (
+    TableShape,
+    check_replacement,
+    seed_set,
+    settled_table,
+    table_journal,
+)
 from laplace_lab.sweeps import run_only
 from laplace_lab.sweeps.run_only import parse_value
 from laplace_lab.sweeps.status import (
@@ -102,6 +110,7 @@ DEFAULT_SEED_KEYS = ("seed", "data.split")
 MISSING = "-"
 ABSENT_METRICS = ("error", "omit")  # what aggregate does with a metric no run has
 COMMITTED_RESULTS = REPO_ROOT / "results"  # only --commit-results writes here
+TABLE_NAME = "table name (--name, aggregate.name)"
 EXPERIMENTS_DIR = REPO_ROOT / "experiments"
 
 
@@ -638,13 +647,15 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     metrics the runs have) or ``"omit"`` (left out of the table and named under it: a partial sweep,
     e.g. one data set of a preset whose metrics cover two). ``allow_smaller``: let ``commit_results``
     replace a committed table by one with fewer jobs, seeds or rows (``table_commit``). The three
-    files are written atomically, after all three are rendered; figures of a requested name that
+    files are rendered first, then become visible together (``io.atomic.write_texts_together``:
+    a write cut between its renames is completed by the next reader, ``table_commit.settled_table``); figures of a requested name that
     this table no longer has are removed from ``<name>_figures/``.
     """
     if absent_metrics not in ABSENT_METRICS:
         raise ValueError(f"absent_metrics={absent_metrics!r}; allowed: {list(ABSENT_METRICS)}")
     if model_selection is not None:
         model_selection = validate_spec(model_selection)
+    check_name(name, TABLE_NAME)  # <name>.md: a name, never a path
     dirs = [Path(d) for d in sweep_dirs]
     if commit_results and results_dir is not None:
         raise ValueError("give either results_dir (--results-dir) or commit_results (--commit-results), not both")
@@ -695,7 +706,7 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
                            rows=frozenset(tuple(str(r[k]) for k in keys) for r in rows))
         check_replacement(out, name, shape, allow_smaller)
     out.mkdir(parents=True, exist_ok=True)
-    md, csv_path, jobs_path = out / f"{name}.md", out / f"{name}.csv", out / f"{name}.jobs.csv"
+    md, csv_path, jobs_path = settled_table(out, name)
     copied = copy_figures(runs, keys, list(figures or ()), seeds, out / f"{name}_figures")
     remove_stale_figures(out / f"{name}_figures", list(figures or ()), [p for _, _, p in copied])
     sections = [*verdict_lines, *problems_markdown(loaded, nonfinite, dirs), *absent_markdown(unknown)]
@@ -707,8 +718,7 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     text = to_markdown(name, rows, keys, names, prov) + ("\n".join(sections) + "\n" if sections else "")
     contents = {md: text, csv_path: to_csv(name, rows, keys, names, prov),
                 jobs_path: jobs_csv(name, runs, keys, names, prov, dirs)}
-    for path, content in contents.items():  # rendered first, then each file replaced whole
-        write_text_atomic(path, content)
+    write_texts_together(contents, table_journal(out, name))  # rendered first, then visible together
     return [md, csv_path, jobs_path]
 
 
@@ -733,7 +743,7 @@ def aggregate_sweep(sweep_dir: str | Path, spec: dict[str, Any], launch_id: str 
     stated in the header rather than refused; ``tables --commit-results`` is the strict path."""
     spec = dict(spec)
     results_dir = spec.pop("results_dir", None)
-    out = Path(sweep_dir) if results_dir is None else Path(sweep_dir) / results_dir  # absolute stays absolute
+    out = Path(sweep_dir) if results_dir is None else inside(results_dir, sweep_dir, "aggregate.results_dir")
     return aggregate([sweep_dir], results_dir=out, preset=preset, launch_id=launch_id, allow_mixed=True,
                      allow_mixed_launches=True, absent_metrics="omit", **spec)
 
@@ -769,6 +779,18 @@ def default_sweep_dir(preset: str) -> Path:
     return Path("outputs") / str(name) / "multirun"
 
 
+def check_commit_name(preset: str | None, spec: dict[str, Any], name: str) -> None:
+    """``--commit-results`` writes a preset's own table: ``results/<its aggregate.name>.*``, or a
+    variant of it (``<that name>_<suffix>``, e.g. ``redux_mnist_authors_eval``); ``ValueError`` otherwise."""
+    if not preset:
+        raise ValueError("--commit-results needs --preset: results/ holds the presets' own tables "
+                         "(results/<the preset's aggregate.name>.md/.csv/.jobs.csv)")
+    own = spec["name"]
+    if name != own and not str(name).startswith(f"{own}_"):
+        raise ValueError(f"--name {name!r} with --commit-results: preset {preset!r} writes results/{own}.* or a "
+                         f"variant results/{own}_<suffix>.*; allowed: --name {own} or {own}_<suffix>")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m laplace_lab.reporting.tables", description=__doc__.split("\n\n")[0])
     p.add_argument("sweep_dirs", nargs="*", type=Path,
@@ -799,9 +821,12 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     try:
         spec = preset_spec(args.preset) if args.preset else {}
-        name = args.name or spec.get("name")
+        name = args.name if args.name is not None else spec.get("name")
         if name is None:
             p.error("--name is required unless --preset gives one")
+        check_name(name, TABLE_NAME)
+        if args.commit_results:
+            check_commit_name(args.preset, spec, name)
         if not args.sweep_dirs and not args.preset:
             p.error("give the multirun folder(s), or --preset for its default folder")
         sweep_dirs = args.sweep_dirs or [default_sweep_dir(args.preset)]

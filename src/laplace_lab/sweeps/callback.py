@@ -44,7 +44,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from laplace_lab.sweeps import lock, signals
+from laplace_lab.sweeps import children, lock, signals
 from laplace_lab.sweeps.ranks import is_first_process
 from laplace_lab.sweeps.run_only import sweep_dirname, sweeper_choice
 from laplace_lab.sweeps.status import (
@@ -200,8 +200,10 @@ class SweepSummary(Callback):
             self.lock_fd = None
 
     def _on_interrupt(self, err: signals.JobInterrupted) -> None:
-        """The launch was stopped by a signal: its summary (no table), then the lock is released."""
+        """The launch was stopped by a signal: the signal goes to the worker processes it started and
+        they are waited for (``children``), then its summary (no table), then the lock is released."""
         try:
+            children.stop_descendants(err.signum)
             self._summarize(self.config, interrupted=err)
         finally:
             lock.release(self.lock_fd)

@@ -9,6 +9,7 @@ writes its ``progress.json`` is alive on this host, and cut off otherwise.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -17,14 +18,34 @@ from pathlib import Path
 from laplace_lab.io.eta import PROGRESS_FILE, clock_time, format_duration, read_progress
 
 
+def number(record: dict, key: str) -> float | None:
+    """``record[key]`` as a finite float; None when absent or malformed (a bad field is left out,
+    the rest of the record is still shown)."""
+    value = record.get(key)
+    if isinstance(value, bool):
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _clock(unix: float) -> str:
+    try:
+        return clock_time(unix)
+    except (OverflowError, OSError, ValueError):  # a time no clock shows
+        return "?"
+
+
 def latest_progress(job_dir: Path) -> tuple[str, dict] | None:
     """(folder relative to the job, record) of the most recently updated ``progress.json`` under
-    ``job_dir``, or None."""
+    ``job_dir``, or None; a file that is not a JSON object is skipped."""
     found = []
     for path in job_dir.glob(f"**/{PROGRESS_FILE}"):
         record = read_progress(path.parent)
-        if record:
-            found.append((float(record.get("updated_unix", 0.0)), str(path.parent.relative_to(job_dir)), record))
+        if record and isinstance(record, dict):
+            found.append((number(record, "updated_unix") or 0.0, str(path.parent.relative_to(job_dir)), record))
     if not found:
         return None
     _, where, record = max(found, key=lambda item: item[0])
@@ -64,13 +85,16 @@ def progress_text(job_dir: Path, state: str, now: float | None = None) -> str:
         return ""
     where, p = found
     now = time.time() if now is None else now
-    text = str(p.get("phase", "?")) + ("" if where == "." else f" ({where})")
-    if p.get("phase") == "MAP training" and p.get("epoch") is not None:
-        text += f": epoch {p['epoch']}/{p.get('max_epochs', '?')}"
-        if p.get("epoch_s") is not None:
-            text += f", {format_duration(float(p['epoch_s']))} per epoch"
-    if state == "running" and p.get("eta_unix") is not None:
-        text += f", about {format_duration(float(p['eta_unix']) - now)} left (~{clock_time(float(p['eta_unix']))})"
-    if state == "cut off" and p.get("updated_unix"):
-        text = f"last progress at {clock_time(float(p['updated_unix']))}: {text}"
+    phase = p.get("phase") if isinstance(p.get("phase"), str) else "?"
+    text = phase + ("" if where == "." else f" ({where})")
+    epoch, total, epoch_s = number(p, "epoch"), number(p, "max_epochs"), number(p, "epoch_s")
+    if phase == "MAP training" and epoch is not None:
+        text += f": epoch {epoch:.0f}/{'?' if total is None else f'{total:.0f}'}"
+        if epoch_s is not None:
+            text += f", {format_duration(epoch_s)} per epoch"
+    eta, updated = number(p, "eta_unix"), number(p, "updated_unix")
+    if state == "running" and eta is not None:
+        text += f", about {format_duration(eta - now)} left (~{_clock(eta)})"
+    if state == "cut off" and updated:
+        text = f"last progress at {_clock(updated)}: {text}"
     return text

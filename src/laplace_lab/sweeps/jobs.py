@@ -14,7 +14,8 @@ once the trainer and model exist).
 
 A relaunch sets aside what an earlier attempt left unreadable (``status.set_aside_unreadable``)
 and its wandb runs (``superseded``). SIGTERM / SIGINT (``signals.JobInterrupted``) mark the job
-``failed`` with ``interrupted`` and stop the launch. An explicit ``checkpoint.dirpath`` is narrowed
+``failed`` with ``interrupted`` and stop the launch; in a launcher's worker process (submitit, Ray)
+the handlers are installed here and the worker then exits with 128 + the signal number. An explicit ``checkpoint.dirpath`` is narrowed
 per job in a multirun (``job_checkpoint_dir``, applied by ``train.run``), so the jobs cannot share
 checkpoints.
 """
@@ -37,6 +38,7 @@ from hydra.types import RunMode
 
 from laplace_lab.io.atomic import write_text_atomic
 from laplace_lab.io.wandb_offline import sync_hint
+from laplace_lab.sweeps import signals
 from laplace_lab.sweeps.devices import device_record
 from laplace_lab.sweeps.ranks import is_first_process
 from laplace_lab.sweeps.run_only import job_dirname
@@ -97,8 +99,14 @@ def run_tracked(run_fn: RunFn, cfg: Any, output_dir: Path) -> float:
     The output folder is logged when the run starts and when it ends (finished, skipped or failed),
     and last its offline W&B run with the command that uploads it (``io.wandb_offline``), if any."""
     log.info("Output folder: %s", output_dir.resolve())
+    signals.install_in_worker()  # a launcher's worker: SIGTERM marks the job, not submitit's bypass
     try:
         return _run_tracked(run_fn, cfg, output_dir)
+    except JobInterrupted as err:
+        if signals.in_worker():  # (marked interrupted below) the worker ends, non-zero, and says why
+            log.error("Stopped by %s (exit status %d)", err.signal_name, err.exit_code)
+            raise SystemExit(err.exit_code) from None
+        raise
     finally:
         log.info("Run ended; its outputs are in %s", output_dir.resolve())
         hint = sync_hint(output_dir)

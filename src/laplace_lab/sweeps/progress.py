@@ -123,7 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         from laplace_lab.sweeps.job_progress import job_dirs
 
         for job_dir in job_dirs(root, STATUS_FILE):
-            state, line = job_line(job_dir, root)
+            try:
+                state, line = job_line(job_dir, root)
+            except (ValueError, TypeError, AttributeError, KeyError, OverflowError) as err:  # a malformed record
+                state, line = "unreadable", (f"{'unreadable':9s} {job_dir.relative_to(root)}  ({type(err).__name__}: "
+                                             f"{err}; the other jobs are listed)")
             counts[state] = counts.get(state, 0) + 1
             print(line)
     print(", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no jobs found")

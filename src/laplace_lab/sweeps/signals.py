@@ -16,12 +16,19 @@ finished, and a multirun's killed job stayed ``running`` with no summary. Here:
 - ``exit_on_interrupt(main)``: the entry point's wrapper: installs the handlers, runs the
   ``on_interrupt`` functions and exits with status ``128 + signal number`` (143 for SIGTERM, 130
   for SIGINT).
+- A job in a worker process of a launcher (``submitit_local`` / SLURM, Ray) does not pass through
+  the entry point: submitit's own handler there logs "Bypassing signal SIGTERM" and lets the job
+  run on. ``install_in_worker()`` (``sweeps.jobs`` calls it for every job) installs the handlers
+  in such a process, and ``in_worker()`` tells ``sweeps.jobs`` to end it with the exit status
+  above once the job is marked ``interrupted`` (no silent retry: a relaunch runs it again).
+  The launcher forwards the signal to its workers and waits for them (``sweeps.children``).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 import signal
 import sys
 import threading
@@ -30,8 +37,9 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 HANDLED = (signal.SIGTERM, signal.SIGINT)
+RAY_WORKER = "default_worker.py"  # the script of Ray's worker processes
 _finalizers: list[Callable[[JobInterrupted], None]] = []
-_state = {"interrupted": None}
+_state: dict[str, Any] = {"interrupted": None, "entry": False}
 
 
 class JobInterrupted(BaseException):
@@ -65,6 +73,19 @@ def install() -> bool:
     return True
 
 
+def in_worker() -> bool:
+    """Whether this process is a launcher's worker (submitit's task process: ``SUBMITIT_FOLDER`` is
+    set; a Ray worker: ``default_worker.py``) that runs jobs without the entry point's wrapper."""
+    worker = "SUBMITIT_FOLDER" in os.environ or os.path.basename(sys.argv[0] if sys.argv else "") == RAY_WORKER
+    return worker and not _state["entry"]
+
+
+def install_in_worker() -> bool:
+    """In a launcher's worker process: ``install()`` (replacing submitit's SIGTERM bypass); returns
+    whether it did (not in the entry point's process, nor outside the main thread)."""
+    return in_worker() and install()
+
+
 def on_interrupt(fn: Callable[[JobInterrupted], None]) -> None:
     """Run ``fn(err)`` when an interruption reaches ``exit_on_interrupt`` (once, in registration order)."""
     _finalizers.append(fn)
@@ -90,6 +111,7 @@ def exit_on_interrupt(main: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(main)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _state["entry"] = True
         install()
         try:
             return main(*args, **kwargs)
