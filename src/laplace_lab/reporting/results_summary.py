@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from laplace_lab.reporting import reference as ref
+from laplace_lab.reporting import table_commit
 from laplace_lab.reporting import verdict_rules as rules
 from laplace_lab.sweeps.status import REPO_ROOT
 
@@ -96,7 +97,7 @@ def judge_file(loaded: dict[str, Any], results_dir: Path) -> list[Judged]:
     out = [Judged("", v, e["_code"]) for e, v in zip(peers, ref.verdicts(peers, [], []))]
     table_entries = [e for e in entries if e["kind"] != "peer"]
     for table in loaded["tables"] if table_entries else ():
-        path = results_dir / f"{table}.csv"
+        path = table_commit.settled_table(results_dir, table)[1]
         if path.is_file():
             rows, group_by = read_results_csv(path)
             out += [Judged(table, v) for v in ref.verdicts(table_entries, rows, group_by)]
@@ -288,7 +289,7 @@ def table_reports(experiments_dir: Path = EXPERIMENTS_DIR, results_dir: Path = R
                     by_table.setdefault(table, []).append(f)
     out = {}
     for table, files in sorted(by_table.items()):
-        md, csv_path = Path(results_dir) / f"{table}.md", Path(results_dir) / f"{table}.csv"
+        md, csv_path, _ = table_commit.settled_table(Path(results_dir), table)
         if not (md.is_file() and csv_path.is_file()):
             continue
         text = md.read_text()
