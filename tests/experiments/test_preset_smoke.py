@@ -68,13 +68,14 @@ FAST = {"toy2d", "sinusoid"}
 def run_smoke(name: str, tmp_path: Path) -> Path:
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONWARNINGS": "ignore"}
     cmd = [sys.executable, "-m", "laplace_lab.train", f"experiment={name}", f"paths.output_root={tmp_path / 'out'}",
-           f"aggregate.results_dir={tmp_path / 'results'}", "trainer.enable_progress_bar=false", *TINY_EVAL,
+           "aggregate.results_dir=results", "trainer.enable_progress_bar=false", *TINY_EVAL,
            *SMOKE[name]]
     if name not in FAST:  # real data (the slow tests take the data_dir fixture)
         cmd.append(f"paths.data_dir={env['LAPLACE_LAB_DATA_DIR']}")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return tmp_path / "results"
+    (results,) = {p.parent for p in (tmp_path / "out").rglob(f"results/{name}.csv")}  # below the sweep folder
+    return results
 
 
 def check_table(results: Path, name: str, n_seeds: int = 2) -> None:

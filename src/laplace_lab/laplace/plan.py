@@ -25,7 +25,6 @@ exceeds ``memory_budget`` times the memory available (``available_memory``: CUDA
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import MutableMapping
@@ -145,39 +144,41 @@ def glm_bytes_per_input(shape: ModelShape) -> int:
 
 
 # ---- probing a model -------------------------------------------------------------------------------
-def _first_input(x):
-    """The first input of a batch: ``x[:1]`` (a tensor) or every tensor of a mapping sliced so."""
+def _batch_size(x) -> int:
+    """N of a batch: the leading size of ``x`` (a tensor) or of the first tensor of a mapping."""
     if isinstance(x, torch.Tensor):
-        return x[:1]
-    if isinstance(x, MutableMapping):  # the mapping's own type (a model may read it as such)
-        x1 = copy.copy(x)
-        for k, v in x.items():
-            if isinstance(v, torch.Tensor):
-                x1[k] = v[:1]
-        return x1
+        return max(1, x.shape[0]) if x.dim() else 1
+    if isinstance(x, MutableMapping):
+        return next((max(1, v.shape[0]) for v in x.values() if isinstance(v, torch.Tensor) and v.dim()), 1)
     raise ValueError(f"a plan needs a tensor or a dict batch to probe the model; got {type(x).__name__}")
 
 
+def _numel(x) -> int:
+    if isinstance(x, torch.Tensor):
+        return x.numel()
+    return sum(v.numel() for v in x.values() if isinstance(v, torch.Tensor))
+
+
 def probe_model(model: nn.Module, x) -> dict:
-    """One forward of the first input of ``x`` (no grad, eval mode, hooks on every module): the output
-    elements of every module (by module id), the input's and the network output's size."""
+    """One forward of the batch ``x`` (no grad, eval mode, hooks on every module), divided by its size N:
+    the output elements per input of every module (by module id), the input's and the network output's
+    size per input. The whole batch, not one input: a model may tie its forward to the batch (e.g. an
+    augmentation with frozen noise of shape [N, ...])."""
     outs: dict[int, int] = {}
+    N = _batch_size(x)
     handles = [m.register_forward_hook(lambda mod, args, out: outs.__setitem__(
-        id(mod), out.numel() if isinstance(out, torch.Tensor) else 0)) for m in model.modules()]
+        id(mod), out.numel() // N if isinstance(out, torch.Tensor) else 0)) for m in model.modules()]
     was_training = model.training
     model.eval()
-    x1 = _first_input(x)
     try:
         with torch.no_grad():
-            out = model(x1)
+            out = model(x)
     finally:
         model.train(was_training)
         for h in handles:
             h.remove()
     checks.model_output(out, "the memory plan's probe")
-    n_in = x1.numel() if isinstance(x1, torch.Tensor) else sum(
-        v.numel() for v in x1.values() if isinstance(v, torch.Tensor))
-    return {"outs": outs, "input": n_in, "n_outputs": out.numel()}
+    return {"outs": outs, "input": _numel(x) // N, "n_outputs": out.numel() // N}
 
 
 def _layer(module: nn.Module, names: list[str], out_numel: int) -> LayerShape:
@@ -281,7 +282,7 @@ def alternatives(model: nn.Module, probe: dict, batch: int, n_factors: int, curv
 
 def laplace_plan(la, X, batch: int | None = None) -> tuple[MemoryPlan | None, dict]:
     """The plan of ``la`` (a ``Laplace``) for fit batches of ``batch`` inputs (default: ``X``'s),
-    and the model probe (``probe_model`` on ``X``'s first input)."""
+    and the model probe (``probe_model`` on the batch ``X``)."""
     probe = probe_model(la.model, X)
     batch = batch or _batch_size(X)
     shape = shape_of(la.model, probe, la.subset_of_weights, _last_layer_name(la), la.dtype)
