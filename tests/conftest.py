@@ -82,3 +82,16 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_wandb_service():
+    """wandb puts its in-process service's socket in ``WANDB_SERVICE``; a run started in-process by one
+    test would make every later subprocess (a multirun) connect to that socket after it is gone
+    (``WandbServiceConnectionError``). Each test ends with the variable as it found it."""
+    before = os.environ.get("WANDB_SERVICE")
+    yield
+    if before is None:
+        os.environ.pop("WANDB_SERVICE", None)
+    else:
+        os.environ["WANDB_SERVICE"] = before
