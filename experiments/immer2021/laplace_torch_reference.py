@@ -46,16 +46,41 @@ def parse_splits(text: str) -> list[int]:
     return [int(v) for v in text.split(",")]
 
 
+def load_split(name: str, split: int, seed: int, data_dir: str, dtype: torch.dtype):
+    """``(dm, X, y)``: the split as the preset reads it (standardised, all training rows) and its
+    training tensors ``[N, D]``, ``[N, 1]`` in ``dtype``."""
+    dm = UCIDataModule(name=name, split=split, data_dir=data_dir, val_fraction=0.0, seed=seed, batch_size=1)
+    X, y = (t.to(dtype) for t in dm.train_set.tensors)
+    return dm, X, y
+
+
+def recipe_mlp(n_inputs: int, seed: int, dtype: torch.dtype) -> torch.nn.Sequential:
+    """The preset's MLP d-50-1 tanh, drawn after ``torch.manual_seed(seed)`` (float32, then cast)."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(n_inputs, 50), torch.nn.Tanh(), torch.nn.Linear(50, 1)).to(dtype)
+
+
+def split_test_metrics(la, model, dm, dtype: torch.dtype) -> dict[str, float]:
+    """Test metrics of a fitted laplace-torch regression Laplace ``la`` and its network, original units:
+    ``la_ll`` (GLM predictive + sigma^2), ``map_ll`` (plug-in, sigma^2) and ``rmse`` (plug-in mean)."""
+    Xt, yt = (t.to(dtype) for t in dm.test_set.tensors)
+    with torch.no_grad():
+        f_mu, f_var = la(Xt, pred_type="glm")
+        f_mu, f_var = f_mu.reshape(len(Xt), 1), f_var.reshape(len(Xt), 1)
+        sigma2 = float(la.sigma_noise) ** 2
+        la_metrics = regression_metrics(f_mu, f_var + sigma2, yt, dm.target_mean, dm.target_std)
+        map_metrics = regression_metrics(model(Xt), torch.full_like(f_mu, sigma2), yt, dm.target_mean, dm.target_std)
+    return {"la_ll": la_metrics["ll"], "map_ll": map_metrics["ll"], "rmse": map_metrics["rmse"]}
+
+
 def run_one(name: str, split: int, seed: int, data_dir: str, args) -> dict:
     """Train one split with ``marglik_training``; test metrics in original units."""
     from laplace import marglik_training
     from laplace.curvature import BackPackGGN
 
     dtype = DTYPES[args.dtype]
-    dm = UCIDataModule(name=name, split=split, data_dir=data_dir, val_fraction=0.0, seed=seed, batch_size=1)
-    X, y = (t.to(dtype) for t in dm.train_set.tensors)
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(X.shape[1], 50), torch.nn.Tanh(), torch.nn.Linear(50, 1)).to(dtype)
+    dm, X, y = load_split(name, split, seed, data_dir, dtype)
+    model = recipe_mlp(X.shape[1], seed, dtype)
     loader = DataLoader(torch.utils.data.TensorDataset(X, y), batch_size=len(X), shuffle=True)  # full batch
     start = time.perf_counter()
     la, model, _, _ = marglik_training(
@@ -65,15 +90,9 @@ def run_one(name: str, split: int, seed: int, data_dir: str, args) -> dict:
         prior_prec_init=1.0, sigma_noise_init=1.0,
     )
     wall = time.perf_counter() - start
-    Xt, yt = (t.to(dtype) for t in dm.test_set.tensors)
-    with torch.no_grad():
-        f_mu, f_var = la(Xt, pred_type="glm")
-        f_mu, f_var = f_mu.reshape(len(Xt), 1), f_var.reshape(len(Xt), 1)
-        sigma2 = float(la.sigma_noise) ** 2
-        la_metrics = regression_metrics(f_mu, f_var + sigma2, yt, dm.target_mean, dm.target_std)
-        map_metrics = regression_metrics(model(Xt), torch.full_like(f_mu, sigma2), yt, dm.target_mean, dm.target_std)
-    return {"data.name": name, "data.split": split, "seed": seed, "test_la_ll": la_metrics["ll"],
-            "test_map_ll": map_metrics["ll"], "test_rmse": map_metrics["rmse"], "sigma_noise": float(la.sigma_noise),
+    metrics = split_test_metrics(la, model, dm, dtype)
+    return {"data.name": name, "data.split": split, "seed": seed, "test_la_ll": metrics["la_ll"],
+            "test_map_ll": metrics["map_ll"], "test_rmse": metrics["rmse"], "sigma_noise": float(la.sigma_noise),
             "prior_precision_mean": float(la.prior_precision.mean()), "wall_s": wall, "dtype": args.dtype,
             "error": ""}
 
