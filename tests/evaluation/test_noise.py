@@ -55,3 +55,14 @@ def test_identical_predictors_have_no_noise_and_different_ones_do():
 
 def test_noise_key():
     assert noise_key("ood", "far_away", "auroc") == "noise/ood/far_away/auroc"
+
+
+def test_closed_form_of_a_mean_agrees_with_the_bootstrap():
+    """The means use sd(d) / sqrt(n), what the bootstrap estimates: the two agree to its own error (~5%)."""
+    from laplace_lab.evaluation import noise as N
+
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.rand(2000, generator=g), torch.rand(2000, generator=g)
+    boot = N.bootstrap_se(lambda i: {"d": (b[i].double().mean() - a[i].double().mean()).item()}, (2000,), 400)["d"]
+    assert N.paired_mean_se(b - a) == pytest.approx(boot, rel=0.15)
+    assert N.mean_noise(a, b) == N.paired_mean_se(b - a)

@@ -26,6 +26,7 @@ SCRIPTS = {  # script, its repository option, the repository, the other required
 }
 
 
+@pytest.mark.slow  # a subprocess per peer script (~11 s in all)
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 @pytest.mark.parametrize("checkout", ["missing", "not_git"])
 def test_a_missing_checkout_says_where_to_clone_it_from(name, checkout, tmp_path):

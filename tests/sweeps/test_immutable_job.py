@@ -36,6 +36,7 @@ def _immutable(path) -> bool:
     return subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode == 0
 
 
+@pytest.mark.slow  # two multiruns (~13 s); the unit test above covers the skip
 def test_relaunch_over_an_immutable_finished_job(tmp_path):
     proc, sweep = multirun(tmp_path, *TINY, "seed=0")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -2,12 +2,13 @@
 summary (``evaluation.summary``): the standard error of ``metric(la) - metric(map)`` over the
 evaluation points.
 
-Both predictors see the same points, so the difference is paired: each of ``N_BOOT`` bootstrap
-resamples draws the points with replacement (the same indices for both predictors; a fixed seed)
-and the standard error is the standard deviation of the difference over the resamples. One method
-for every metric, means over points (NLL, Brier, accuracy, confidence, log likelihood, coverage)
-and statistics that are not (ECE, AUROC, RMSE). For an OOD set the test points and the OOD points
-are drawn independently (AUROC needs both).
+Both predictors see the same points, so the difference is paired. A metric that is a mean over
+points (NLL, Brier, accuracy, confidence) has the closed form sd(d) / sqrt(n) of the per-point
+differences d (``paired_mean_se``: what the bootstrap below estimates, without its cost). The other
+statistics (ECE, AUROC, and the regression metrics, RMSE among them) use ``N_BOOT`` bootstrap
+resamples that draw the points with replacement (the same indices for both predictors; a fixed seed):
+the standard error is the standard deviation of the difference over the resamples. For an OOD set
+the test points and the OOD points are drawn independently (AUROC needs both).
 
 Keys: ``noise/<the metric's key less the predictor>``, e.g. ``noise/test/nll``,
 ``noise/ood/far_away/auroc``, ``noise/toy2d/far/conf``.
@@ -38,16 +39,19 @@ def bootstrap_se(stat: Callable[..., dict[str, float]], sizes: tuple[int, ...], 
     return {k: torch.tensor([d[k] for d in draws], dtype=torch.float64).std().item() for k in draws[0]}
 
 
+def paired_mean_se(d: Tensor) -> float:
+    """Standard error of the mean of the paired differences ``d`` ``[n]``: sd(d) / sqrt(n) (0 for n < 2)."""
+    d = d.double().reshape(-1)
+    return (d.std() / len(d) ** 0.5).item() if len(d) > 1 else 0.0
+
+
 def classification_noise(p_map: Tensor, p_la: Tensor, y: Tensor, n_bins: int, n_boot: int = N_BOOT) -> dict[str, float]:
     """``{nll, ece, brier, acc}``: standard errors of la - map on one labelled set (``[N, C]`` probs)."""
     a, b = M.per_point(p_map, y), M.per_point(p_la, y)
-    d = {k: b[k] - a[k] for k in a}  # the means over points: resampled per-point differences
-
-    def diff(idx):
-        return {**{k: v[idx].mean().item() for k, v in d.items()},
-                "ece": M.ece(p_la[idx], y[idx], n_bins) - M.ece(p_map[idx], y[idx], n_bins)}
-
-    return bootstrap_se(diff, (len(y),), n_boot)
+    means = {k: paired_mean_se(b[k] - a[k]) for k in a}
+    ece = bootstrap_se(lambda idx: {"ece": M.ece(p_la[idx], y[idx], n_bins) - M.ece(p_map[idx], y[idx], n_bins)},
+                       (len(y),), n_boot)
+    return {**means, **ece}
 
 
 def ood_noise(in_map: Tensor, in_la: Tensor, out_map: Tensor, out_la: Tensor, n_boot: int = N_BOOT) -> dict[str, float]:
@@ -57,17 +61,16 @@ def ood_noise(in_map: Tensor, in_la: Tensor, out_map: Tensor, out_la: Tensor, n_
     c_out = {"map": M.confidence(out_map), "la": M.confidence(out_la)}
 
     def diff(i, o):
-        return {"conf": (c_out["la"][o].double().mean() - c_out["map"][o].double().mean()).item(),
-                "auroc": M.auroc(c_in["la"][i], c_out["la"][o]) - M.auroc(c_in["map"][i], c_out["map"][o])}
+        return {"auroc": M.auroc(c_in["la"][i], c_out["la"][o]) - M.auroc(c_in["map"][i], c_out["map"][o])}
 
-    return bootstrap_se(diff, (len(in_map), len(out_map)), n_boot)
+    return {"conf": paired_mean_se(c_out["la"].double() - c_out["map"].double()),
+            **bootstrap_se(diff, (len(in_map), len(out_map)), n_boot)}
 
 
 def mean_noise(map_values: Tensor, la_values: Tensor) -> float:
     """Standard error of ``mean(la_values) - mean(map_values)`` (paired values, e.g. the confidence
     at the same grid points)."""
-    a, b = map_values.double().reshape(-1), la_values.double().reshape(-1)
-    return bootstrap_se(lambda i: {"d": (b[i].mean() - a[i].mean()).item()}, (len(a),))["d"]
+    return paired_mean_se(la_values.double().reshape(-1) - map_values.double().reshape(-1))
 
 
 def regression_noise(map_out: tuple[Tensor, Tensor], la_out: tuple[Tensor, Tensor], y: Tensor,
