@@ -11,6 +11,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import pytest
 from omegaconf import OmegaConf
 
 from laplace_lab.reporting import provenance
@@ -25,6 +26,7 @@ SMALL = ["data=toy2d", "data.n_train=32", "data.n_val=16", "data.n_test=16", "tr
          "evaluation=none", "marglik=off", "predictive=map", "trainer.loop=lightning", "torch_num_threads=1"]
 
 
+@pytest.mark.slow  # several multiruns (10-25 s); make test-slow runs it
 def test_jobs_sharing_an_explicit_checkpoint_dirpath_get_a_folder_each(tmp_path):
     ck = tmp_path / "ck"
     overrides = (*SMALL, "seed=0,1", "checkpoint.enabled=true", "checkpoint.resume_from=last", f"checkpoint.dirpath={ck}")

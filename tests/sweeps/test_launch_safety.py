@@ -124,6 +124,7 @@ def _wait_for(path: Path, text: str, timeout: float = 180) -> None:
     raise AssertionError(f"{text!r} not in {path} after {timeout} s:\n{path.read_text()[-3000:] if path.is_file() else ''}")
 
 
+@pytest.mark.slow  # several multiruns (10-25 s); make test-slow runs it
 def test_two_concurrent_launches_run_every_job_once(tmp_path):
     """Both launches start while the folder is held, wait (lock_wait_s), then run one after the
     other: the first runs the three jobs, the second skips them; each reports its own launch."""

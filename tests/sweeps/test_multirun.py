@@ -39,6 +39,7 @@ def test_sweep_layout_is_stable():
     assert job_subdir([]) == "default" and "/" not in job_subdir(["data=a/b"])
 
 
+@pytest.mark.slow  # several multiruns (10-25 s); make test-slow runs it
 def test_failed_job_is_reported_and_rerun_runs_only_unfinished(tmp_path):
     # optimizer.lr=-1 makes torch.optim.Adam raise inside that job only.
     args = [*TINY, "seed=0", "optimizer.lr=1e-3,1e-2,-1"]
@@ -134,6 +135,7 @@ def test_sweeper_presets_compose():
     assert optuna.direction == "minimize" and set(optuna.params) == {"optimizer.lr", "prior.prior_precision"}
 
 
+@pytest.mark.slow  # several multiruns (10-25 s); make test-slow runs it
 @pytest.mark.filterwarnings(SCHEMA_WARNING)
 def test_submitit_configs_compose_and_local_runs_a_job(tmp_path):
     require_plugin("hydra_plugins.hydra_submitit_launcher")

@@ -21,6 +21,7 @@ def test_scrub_gives_a_root_inside_another_its_own_token():
     assert records.scrub(text, roots.items()) == "cwd <repo>, dir <output_root>/exp/job, data <data_dir>/MNIST"
 
 
+@pytest.mark.slow  # several multiruns (10-25 s); make test-slow runs it
 def test_save_then_restore_elsewhere_and_the_relaunch_skips_them(tmp_path, monkeypatch):
     data_dir = tmp_path / "machine_data"
     data_dir.mkdir()

@@ -22,6 +22,7 @@ from tests.reporting.test_tables import make_job
 from .helpers import TINY, multirun, summary
 
 
+@pytest.mark.slow  # several multiruns (10-25 s); make test-slow runs it
 def test_cut_off_job_files_are_moved_aside_and_the_jobs_run_again(tmp_path, capsys):
     proc, sweep = multirun(tmp_path, *TINY, "seed=0,1")
     assert proc.returncode == 0, proc.stderr[-3000:]
