@@ -21,6 +21,7 @@ SCRIPTS = {  # script, its repository option, the repository, the other required
                         "aleximmer/heteroscedastic-nn", ["--data-dir", "."]),
     "redux": ("experiments/laplace_redux/peer/run_authors_uq.py", "--authors-repo", "runame/laplace-redux",
               ["--data-dir", ".", "--authors-python", "python", "--sweep-dir", "."]),
+    "marglik": ("experiments/immer2021/peer/marglik_authors_uci.py", "--repo", "aleximmer/marglik", []),
     "mola": ("experiments/eschenhagen2021/peer/run_authors_mola.py", "--authors-repo", "runame/laplace-redux",
              ["--data-dir", ".", "--authors-python", "python", "--sweep-dir", "."]),
 }

@@ -38,10 +38,11 @@ import argparse
 import csv
 import importlib.util
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from laplace_lab.reporting.peer_checkout import PeerCheckoutError, checkout_commit
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -63,11 +64,6 @@ def _reference_helpers():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def git_commit(repo: Path) -> str:
-    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
 
 
 def command_of(data: str, split: int, dtype: str) -> str:
@@ -137,14 +133,17 @@ def main() -> None:
     if args.add_ours:
         add_ours(args.out, args.add_ours)
         return
-    if args.repo is None or not (args.repo / "marglik.py").is_file():
+    try:
+        commit = checkout_commit(args.repo, "aleximmer/marglik", "--repo")
+    except PeerCheckoutError as err:
+        parser.error(str(err))
+    if not (args.repo / "marglik.py").is_file():
         parser.error(f"--repo: {args.repo} is not a checkout of aleximmer/marglik (no marglik.py in it)")
     sets = comma_choices(parser, "--sets", args.sets, UCI_DATASETS, "are not UCI sets")
     splits = _reference_helpers().parse_splits(args.splits)
     import torch
 
     torch.set_num_threads(1)
-    commit = git_commit(args.repo)
     done = set()
     if args.out.exists():
         with args.out.open() as f:
