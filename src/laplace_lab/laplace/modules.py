@@ -27,6 +27,9 @@ a Linear on ``[N, *, d_in]`` or a Conv2d with ``S`` output positions is ``S`` ro
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -34,6 +37,21 @@ from torch.func import functional_call, vjp, vmap
 
 from laplace_lab.laplace.capture import Call
 from laplace_lab.laplace.conv_factors import conv_A_rows, conv_geometry, rows_cheaper
+
+
+@contextmanager
+def eval_with_hooks(model: nn.Module, hooks: Iterable[tuple[nn.Module, object]]) -> Iterator[None]:
+    """``model`` in eval mode with the forward ``hooks`` (``(module, hook)`` pairs) registered; on exit
+    the hooks are removed and the model's train/eval mode is restored, also when the forward raised."""
+    handles = [m.register_forward_hook(hook) for m, hook in hooks]
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
 
 
 def is_kfac_module(m: nn.Module) -> bool:

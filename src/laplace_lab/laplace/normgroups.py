@@ -33,6 +33,8 @@ import warnings
 import torch
 from torch import nn
 
+from laplace_lab.laplace.modules import eval_with_hooks
+
 NORM_TYPES: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm)
 LINEAR_TYPES: tuple[type[nn.Module], ...] = (nn.Linear, nn.modules.conv._ConvNd)
 
@@ -77,7 +79,6 @@ def _trace(model: nn.Module, x) -> list[set[int]]:
     produced: dict[int, tuple[nn.Module, torch.Tensor]] = {}  # id(output) -> (module, output)
     calls: dict[int, int] = {}
     fed: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []  # (module id, norm id, input, norm output)
-    handles = []
 
     def lin_hook(module, args, output):
         produced[id(output)] = (module, output)
@@ -89,20 +90,10 @@ def _trace(model: nn.Module, x) -> list[set[int]]:
             if t is args[0]:
                 fed.append((id(src), id(module), t, output))
 
-    for m in model.modules():
-        if isinstance(m, LINEAR_TYPES):
-            handles.append(m.register_forward_hook(lin_hook))
-        elif isinstance(m, NORM_TYPES):
-            handles.append(m.register_forward_hook(norm_hook))
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.enable_grad():
-            out = model(x)
-    finally:
-        model.train(was_training)
-        for h in handles:
-            h.remove()
+    hooks = [(m, lin_hook if isinstance(m, LINEAR_TYPES) else norm_hook) for m in model.modules()
+             if isinstance(m, LINEAR_TYPES + NORM_TYPES)]
+    with eval_with_hooks(model, hooks), torch.enable_grad():
+        out = model(x)
     cons = _consumers(out)
     ok: dict[int, int] = {}
     norms: dict[int, set[int]] = {}

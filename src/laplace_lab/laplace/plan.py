@@ -35,7 +35,7 @@ from torch import nn
 
 from laplace_lab.laplace import checks
 from laplace_lab.laplace.curvature import n_output_factors
-from laplace_lab.laplace.modules import is_kfac_module
+from laplace_lab.laplace.modules import eval_with_hooks, is_kfac_module
 from laplace_lab.laplace.subset import SUBSETS, select
 
 DEFAULT_MEMORY_BUDGET = 0.9  # fraction of the available memory a fit may plan to use
@@ -166,17 +166,11 @@ def probe_model(model: nn.Module, x) -> dict:
     augmentation with frozen noise of shape [N, ...])."""
     outs: dict[int, int] = {}
     N = _batch_size(x)
-    handles = [m.register_forward_hook(lambda mod, args, out: outs.__setitem__(
-        id(mod), out.numel() // N if isinstance(out, torch.Tensor) else 0)) for m in model.modules()]
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            out = model(x)
-    finally:
-        model.train(was_training)
-        for h in handles:
-            h.remove()
+    def count(mod, args, out):
+        outs[id(mod)] = out.numel() // N if isinstance(out, torch.Tensor) else 0
+
+    with eval_with_hooks(model, [(m, count) for m in model.modules()]), torch.no_grad():
+        out = model(x)
     checks.model_output(out, "the memory plan's probe")
     return {"outs": outs, "input": _numel(x) // N, "n_outputs": out.numel() // N}
 
