@@ -4,7 +4,8 @@ is given (``conf/train.yaml``: ``hydra.callbacks.sweep_summary.aggregator``), so
 
 The ``aggregate`` option (``{name, metrics, group_by, seed_keys, results_dir, figures,
 model_selection}``) is checked by ``validate_aggregate`` before any job runs, and written by
-``tables.aggregate_sweep`` when the multirun ends.
+``tables.aggregate_sweep`` when the multirun ends; ``dashboard`` then writes the sweep's HTML page
+(``laplace_lab.reporting.dashboard``), aggregated or not.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def validate_aggregate(aggregate: Any) -> dict[str, Any] | None:
 
 
 class SweepTable:
-    """``validate(aggregate)`` at the start of a multirun, ``write(...)`` at its end."""
+    """``validate(aggregate)`` at the start of a multirun, ``write(...)`` and ``dashboard(...)`` at its end."""
 
     def validate(self, aggregate: Any) -> dict[str, Any] | None:
         return validate_aggregate(aggregate)
@@ -49,3 +50,9 @@ class SweepTable:
         from laplace_lab.reporting import tables  # (pandas-free, but not needed before the end)
 
         return tables.aggregate_sweep(sweep_dir, spec, launch_id=launch_id, preset=preset)
+
+    def dashboard(self, sweep_dir: str | Path) -> Path:
+        """The sweep's self-contained ``dashboard.html`` (``dashboard.build``, after ``summary.json``); its path."""
+        from laplace_lab.reporting import dashboard
+
+        return dashboard.build(sweep_dir)

@@ -9,9 +9,10 @@ Configured in ``conf/train.yaml`` as ``hydra.callbacks.sweep_summary``:
   of this launch's jobs into the sweep folder (``results_dir``, when given, relative to it).
   When null, a root-level ``aggregate`` key of the config (set by an experiment preset) is used.
   Invalid keys stop the multirun before any job runs.
-- ``aggregator``: an object with ``validate(aggregate) -> dict | None`` and ``write(sweep_dir, spec,
-  launch_id, preset) -> [paths]`` (``conf/train.yaml`` gives ``laplace_lab.reporting.sweep_table.SweepTable``
-  by ``_target_``, so this package does not import reporting); None: an ``aggregate`` is an error.
+- ``aggregator``: an object with ``validate(aggregate) -> dict | None``, ``write(sweep_dir, spec,
+  launch_id, preset) -> [paths]`` and ``dashboard(sweep_dir) -> path`` (``conf/train.yaml`` gives
+  ``laplace_lab.reporting.sweep_table.SweepTable`` by ``_target_``, so this package does not import
+  reporting); None: an ``aggregate`` is an error, and no dashboard is written.
 
 - ``lock_wait_s`` (default 0): how long a launch waits for another launch holding the same sweep
   folder before it refuses (``sweeps.lock``).
@@ -27,7 +28,8 @@ locks it (a second launch into it refuses, naming the holder), appends the launc
 ``<sweep dir>/launches.jsonl`` and hands its launch id to every job through
 ``hydra.job.env_set.LAPLACE_LAB_LAUNCH_ID``. At the end it collects this launch's jobs from their
 ``status.json`` markers (finished / skipped / failed / unfinished), logs them, writes
-``<sweep dir>/summary.json`` and releases the lock. A launch stopped by SIGTERM / SIGINT
+``<sweep dir>/summary.json``, the table (``aggregate``) and the sweep's self-contained
+``dashboard.html`` (``aggregator.dashboard``; its path in the summary), and releases the lock. A launch stopped by SIGTERM / SIGINT
 (``sweeps.signals``) still writes its summary (``interrupted``: the signal), without a table.
 A single run (no ``-m``) locks its run folder instead (``on_run_start``): a second run into the
 same ``hydra.run.dir`` is refused before Hydra writes anything there.
@@ -241,7 +243,9 @@ class SweepSummary(Callback):
                 summary["results"] = [str(p) for p in paths]
                 write_json_atomic(sweep_dir / SUMMARY_FILE, summary)
                 log.info("Aggregated %s into %s", sweep_dir, ", ".join(map(str, paths)))
-        if self.fail_on_error and (summary["failed"] or summary["unfinished"] or aggregation_failed):
+        dashboard_failed = self._dashboard(sweep_dir, summary)
+        if self.fail_on_error and (summary["failed"] or summary["unfinished"] or aggregation_failed
+                                   or dashboard_failed):
             # Hydra turns exceptions raised by callbacks into warnings; SystemExit gets through.
             if summary["failed"] or summary["unfinished"]:
                 log.error("%d failed and %d unfinished job(s) in %s; re-run the same command to run only those.",
@@ -251,3 +255,19 @@ class SweepSummary(Callback):
                           "aggregation error above); fix it, then run python -m laplace_lab.reporting.tables on the folder.",
                           sweep_dir)
             raise SystemExit(1)
+
+    def _dashboard(self, sweep_dir: Path, summary: dict[str, Any]) -> bool:
+        """Write the sweep's ``dashboard.html`` (by the aggregator) and name it in the summary and
+        the log; True when that failed (logged, with the command that rebuilds it)."""
+        if self.aggregator is None:
+            return False
+        try:
+            page = Path(self.aggregator.dashboard(sweep_dir))
+        except Exception as err:  # noqa: BLE001 - reported, then the exit status says so
+            log.error("Dashboard of %s failed: %s: %s; rebuild it with python -m laplace_lab.reporting.dashboard %s",
+                      sweep_dir, type(err).__name__, err, sweep_dir)
+            return True
+        summary["dashboard"] = str(page)
+        write_json_atomic(sweep_dir / SUMMARY_FILE, summary)
+        log.info("Dashboard: %s (open it in a browser; no server or network needed)", page.resolve().as_uri())
+        return False
