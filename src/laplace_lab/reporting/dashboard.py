@@ -11,10 +11,10 @@ skipped as already finished), side by side: the figures each job already wrote (
 max-confidence histograms of the test and OOD sets; nothing is redrawn), its headline metrics (the
 aggregated table's metrics when the sweep was aggregated, else ``HEADLINE``) and all of its
 ``metrics.json``. A select per swept key (an override key with more than one value, seeds
-included) filters the runs. The verdicts are those of the aggregated table (``<name>.csv``, named
-in ``summary.json``'s ``results``) judged by the reference files of the sweep's preset
-(``laplace_lab.reporting.reference``, as ``tables`` does); a sweep that was not aggregated says so
-("no verdicts: not aggregated"). Failed and unfinished jobs are listed with their errors.
+included) filters the runs. The verdicts are the aggregated table's (the "Reference numbers" section
+of ``<name>.md``, named in ``summary.json``'s ``results``: the sweep's preset judged by its reference
+files when the table was written, ``laplace_lab.reporting.reference``); a sweep that was not
+aggregated says so ("no verdicts: not aggregated"). Failed and unfinished jobs are listed with their errors.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import base64
 import fnmatch
+import re
 import sys
 import time
 from pathlib import Path
@@ -29,10 +30,9 @@ from typing import Any
 
 from laplace_lab.io.atomic import write_text_atomic
 from laplace_lab.io.names import check_name
-from laplace_lab.reporting import reference as ref
 from laplace_lab.reporting import tables
 from laplace_lab.reporting.dashboard_page import Card, Figure, Page, render
-from laplace_lab.reporting.results_summary import read_results_csv
+from laplace_lab.reporting.results_summary import SECTION, read_results_csv
 from laplace_lab.sweeps.status import SUMMARY_FILE, read_json_file
 
 PAGE_NAME = "dashboard.html"
@@ -81,40 +81,47 @@ def swept_keys(runs: list[tables.Run]) -> dict[str, list[str]]:
     return out
 
 
-def table_csv(sweep_dir: Path, summary: dict[str, Any]) -> Path | None:
-    """The aggregated ``<name>.csv`` that ``summary.json`` names (its ``results``), found under
-    ``sweep_dir`` even when the folder was moved; None when the sweep was not aggregated."""
+def table_files(sweep_dir: Path, summary: dict[str, Any]) -> tuple[Path | None, Path | None]:
+    """The aggregated ``<name>.md`` and ``<name>.csv`` that ``summary.json`` names (its ``results``),
+    found under ``sweep_dir`` even when the folder was moved; (None, None) when it was not aggregated."""
     recorded = Path(str(summary.get("sweep_dir") or sweep_dir))
+    found: dict[str, Path] = {}
     for text in summary.get("results") or []:
         path = Path(text)
-        if path.suffix == ".csv" and not path.name.endswith(".jobs.csv"):
-            return sweep_dir / path.relative_to(recorded) if path.is_relative_to(recorded) else path
-    return None
+        path = sweep_dir / path.relative_to(recorded) if path.is_relative_to(recorded) else path
+        if not path.name.endswith(".jobs.csv"):
+            found.setdefault(path.suffix, path)
+    return found.get(".md"), found.get(".csv")
 
 
-def verdicts(runs: list[tables.Run], csv_path: Path | None,
-             table: tuple[list[ref.Row], list[str]] | None) -> tuple[list[dict[str, str]] | None, str, list[str]]:
-    """(verdict rows, the note above them, the rules applied) of the aggregated table at ``csv_path``
-    (``table``: its rows and group-by keys, ``results_summary.read_results_csv``; None when the file
-    is missing), judged by the reference files of the runs' preset (``hydra.runtime.choices.experiment``)."""
-    if csv_path is None:
-        return None, "no verdicts: not aggregated", []
-    presets = sorted({str(r.choices.get("experiment")) for r in runs if r.choices.get("experiment")})
-    if len(presets) != 1:
-        why = "the runs name no preset (experiment=null)" if not presets else f"the runs name presets {presets}"
-        return None, f"no verdicts: {why}", []
-    files = ref.find_references(presets[0], tables.EXPERIMENTS_DIR)
-    if not files:
-        return None, f"no verdicts: no experiments/*/reference*.yaml names preset {presets[0]!r}", []
-    if table is None:
-        return None, f"no verdicts: the aggregated table {csv_path} is missing", []
-    rows, group_by = table
-    judged = ref.verdicts([e for f in files for e in f["references"]], rows, group_by)
-    shown = [{"metric": f"{v.metric} ({v.id})", "reference": v.reference, "ours": v.ours,
-              "verdict": v.verdict + (f" ({v.why})" if v.why else ""), "source": v.source} for v in judged]
-    names = ", ".join(tables.portable_path(f["path"], [tables.EXPERIMENTS_DIR.parent]) for f in files)
-    note = f"The aggregated table {csv_path.name} judged by {names} (laplace_lab.reporting.reference)."
-    return shown, note, [ref.RULES[k] for k in ref.RULES if any(v.kind == k for v in judged)]
+def _cells(line: str) -> list[str]:
+    """The cells of a markdown table row (``\\|`` is a pipe inside a cell)."""
+    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip()[1:-1])]
+
+
+def verdicts(md_path: Path | None) -> tuple[list[dict[str, str]] | None, str]:
+    """(verdict rows, the note above them) from the "Reference numbers" section of the aggregated
+    table ``md_path`` (written by ``tables`` with ``reference.to_markdown``: the verdicts of the
+    preset's reference files at the end of the sweep); rows are None when there are none, and the
+    note says why."""
+    if md_path is None:
+        return None, "no verdicts: not aggregated"
+    if not md_path.is_file():
+        return None, f"no verdicts: the aggregated table {md_path} is missing"
+    lines = md_path.read_text().splitlines()
+    if SECTION not in lines:
+        return None, f"no verdicts: {md_path.name} has no reference section (the sweep is not a preset's)"
+    start = lines.index(SECTION) + 1
+    section = lines[start:next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))]
+    note = " ".join(line for line in section if line.strip() and not line.startswith("|"))
+    table = [line for line in section if line.startswith("|")]
+    if not table:
+        return None, note
+    head = _cells(table[0])
+    rows = [dict(zip(head, _cells(line))) for line in table[2:]]
+    for row in rows:
+        row["verdict"] = row.get("verdict", "").replace("**", "")
+    return rows, f"From {md_path.name}: {note}"
 
 
 def build(sweep_dir: str | Path, figures: list[str] | tuple[str, ...] = tuple(FIGURES)) -> Path:
@@ -143,7 +150,7 @@ def build(sweep_dir: str | Path, figures: list[str] | tuple[str, ...] = tuple(FI
             runs.append(run)
     problems += [f"{f['job']}: failed ({f.get('error')})" for f in summary.get("failed", [])]
     problems += [f"{job}: unfinished (no end marker: killed?)" for job in summary.get("unfinished", [])]
-    csv_path = table_csv(sweep_dir, summary)
+    md_path, csv_path = table_files(sweep_dir, summary)
     table = read_results_csv(csv_path) if csv_path is not None and csv_path.is_file() else None
     table_metrics = [k for k in (table[0][0] if table[0] else {}) if k not in table[1]] if table else None
     names = headline_names(runs, table_metrics)
@@ -155,15 +162,15 @@ def build(sweep_dir: str | Path, figures: list[str] | tuple[str, ...] = tuple(FI
         cards.append(Card(job=str(run.path.relative_to(sweep_dir)), values={k: run.value(k) for k in swept},
                           figures=[figure(run.path, name, skipped) for name in figures],
                           headline={m: run.metrics[m] for m in names if m in run.metrics}, metrics=run.metrics))
-    shown, note, rules = verdicts(runs, csv_path, table)
+    shown, note = verdicts(md_path)
     counts = summary.get("counts") or {}
     header = [("sweep folder", str(sweep_dir.resolve())), ("command", str(summary.get("command"))),
               ("launch", f"{summary.get('launch_id')}: {summary.get('started')} to {summary.get('ended')}"),
               ("jobs", ", ".join(f"{v} {k}" for k, v in counts.items())),
-              ("table", str(csv_path.with_suffix(".md")) if csv_path else "not aggregated"),
+              ("table", str(md_path) if md_path else "not aggregated"),
               ("page", f"written {time.strftime('%Y-%m-%d %H:%M:%S %z')}; rebuild: {COMMAND} {sweep_dir}")]
     page = Page(title=f"sweep {sweep_dir.name}", header=header, swept=swept, cards=cards, headline_names=names,
-                verdicts=shown, verdict_note=note, verdict_rules=rules, problems=problems)
+                verdicts=shown, verdict_note=note, problems=problems)
     out = sweep_dir / PAGE_NAME
     write_text_atomic(out, render(page))
     return out

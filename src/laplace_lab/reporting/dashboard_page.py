@@ -5,7 +5,8 @@ with no server, no CDN and no request of any kind.
 ``render(page)`` takes a ``Page``: the header lines, the swept keys with their values (one
 ``<select>`` each), the verdicts section, and one ``Card`` per run (its swept values, figures and
 metrics). Every run's card and its row of the metrics table carry ``data-run`` (its swept values as
-JSON); the script shows only those whose values match every select. When the page has loaded, the
+JSON); the script shows only those whose values match every select. The selection is kept in the
+address (``dashboard.html#seed=1&data.kind=moons``: a link to it opens it so). When the page has loaded, the
 script marks each figure ``data-rendered="yes"`` (decoded, non-zero size) or ``"no"`` (then a
 visible note says it could not be shown).
 """
@@ -44,7 +45,8 @@ class Card:
 @dataclass
 class Page:
     """Everything the page shows; ``verdicts`` is a list of rows (dicts with the ``VERDICT_COLUMNS``)
-    or None, with ``verdict_note`` saying why there are none or where they come from."""
+    or None, with ``verdict_note`` saying where they come from and how they were decided, or why
+    there are none."""
 
     title: str
     header: list[tuple[str, str]]
@@ -53,7 +55,6 @@ class Page:
     headline_names: list[str]
     verdicts: list[dict[str, str]] | None
     verdict_note: str
-    verdict_rules: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
 
@@ -86,8 +87,14 @@ function apply() {
     if (el.classList.contains('run')) { total += 1; if (!el.hidden) shown += 1; }
   }
   count.textContent = shown + ' of ' + total + ' runs shown';
+  const chosen = want.filter(([k, v]) => v !== '');
+  history.replaceState(null, '', chosen.length ? '#' + new URLSearchParams(chosen) : location.pathname);
 }
-selects.forEach(s => s.addEventListener('change', apply));
+const asked = new URLSearchParams(location.hash.slice(1));
+for (const s of selects) {
+  if ([...s.options].some(o => o.value === asked.get(s.dataset.key))) s.value = asked.get(s.dataset.key);
+  s.addEventListener('change', apply);
+}
 apply();
 window.addEventListener('load', () => {
   for (const img of document.querySelectorAll('figure img')) {
@@ -163,8 +170,7 @@ def _verdicts(page: Page) -> str:
     head = "".join(f"<th>{c}</th>" for c in VERDICT_COLUMNS)
     rows = "".join("<tr>" + "".join(f'<td class="{c}">{_e(v[c])}</td>' for c in VERDICT_COLUMNS) + "</tr>"
                    for v in page.verdicts)
-    rules = "".join(f"<p>{_e(r)}</p>" for r in page.verdict_rules)
-    return f"{note}<table><tr>{head}</tr>{rows}</table><details><summary>how verdicts are decided</summary>{rules}</details>"
+    return f"{note}<table><tr>{head}</tr>{rows}</table>"
 
 
 def render(page: Page) -> str:
