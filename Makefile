@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install run test test-slow test-all lint bench clean
+.PHONY: install run test test-slow test-all test-dashboard lint bench clean
 
 # (sizes measured on a full install: 161 packages with pip and PyTorch's CUDA wheels, 6.4 GB)
 $(BIN)/.installed: pyproject.toml
@@ -29,6 +29,15 @@ test: install
 ## Slow tests only (real-data training, bigger models).
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow
+
+## The sweep dashboard in headless Chromium; installs Debian's chromium package (apt-get, as root or
+## with sudo) when no chromium is on PATH. `make test` only checks the page's HTML, and needs no apt.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+test-dashboard: install
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+	  echo "Installing Debian's chromium package with apt-get (a few hundred MB) for the dashboard's browser test"; \
+	  $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends chromium; }
+	LAPLACE_LAB_REQUIRE_CHROMIUM=1 $(BIN)/python -m pytest -q -m "slow or not slow" tests/reporting/test_dashboard.py tests/reporting/test_dashboard_browser.py
 
 test-all: install
 	$(BIN)/python -m pytest -q -m "slow or not slow"
