@@ -96,7 +96,7 @@ def test_verdicts_are_the_aggregated_tables(built):
     entries = [e for f in ref.find_references(PRESET, tables.EXPERIMENTS_DIR) for e in f["references"]]
     assert entries
     section = text.split("<h2>Verdicts</h2>")[1].split("<h2>")[0]
-    assert "From toy2d.md: From `experiments/" in section
+    assert "The verdicts of toy2d.md. From experiments/" in section
     cells = re.findall(r'<td class="verdict">([^<]*)</td>', section)
     assert len(cells) == len(entries)
     assert all(c.split(" (")[0] in ref.VERDICTS for c in cells)
@@ -133,7 +133,7 @@ def test_the_cli_rebuilds_a_moved_sweep(sweep, capsys):
     assert capsys.readouterr().out.strip() == str(page)
     parsed = Parsed(page.read_text())
     assert [len(c["images"]) for c in parsed.cards] == [1] * 4
-    assert "From toy2d.md: From `experiments/" in page.read_text()  # the table found in the moved folder
+    assert "The verdicts of toy2d.md. From experiments/" in page.read_text()  # the table found in the moved folder
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -160,3 +160,17 @@ def test_a_failed_dashboard_fails_the_multirun_and_says_how_to_rebuild(sweep, ca
         SweepSummary(aggregator=Broken()).on_multirun_end(cfg)
     assert f"rebuild it with python -m laplace_lab.reporting.dashboard {sweep}" in caplog.text
     assert "OSError: disk full" in caplog.text
+
+
+def test_the_reference_section_is_read_as_written(tmp_path):
+    md = tmp_path / "t.md"
+    md.write_text("# t\n\n## Reference numbers\n\nNo `experiments/*/reference*.yaml` names preset `toy`: no verdicts.\n")
+    assert dashboard.verdicts(md) == (None, "No experiments/*/reference*.yaml names preset toy: no verdicts.")
+    md.write_text("# t\n\n## Reference numbers\n\nA *claim* holds.\n\n| metric | reference | ours | verdict | source |\n"
+                  "|---|---|---|---|---|\n| a \\| b (x) | 1 | 2 | **fails** (d = 1) | p |\n\n## Figures\n\nno\n")
+    rows, note = dashboard.verdicts(md)
+    assert note == "The verdicts of t.md. A claim holds."
+    assert rows == [{"metric": "a | b (x)", "reference": "1", "ours": "2", "verdict": "fails (d = 1)", "source": "p"}]
+    md.write_text("# t\n")
+    assert dashboard.verdicts(md)[0] is None and "no reference section" in dashboard.verdicts(md)[1]
+    assert dashboard.verdicts(None) == (None, "no verdicts: not aggregated")

@@ -113,7 +113,8 @@ def verdicts(md_path: Path | None) -> tuple[list[dict[str, str]] | None, str]:
         return None, f"no verdicts: {md_path.name} has no reference section (the sweep is not a preset's)"
     start = lines.index(SECTION) + 1
     section = lines[start:next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))]
-    note = " ".join(line for line in section if line.strip() and not line.startswith("|"))
+    note = " ".join(line for line in section if line.strip() and not line.startswith("|")).replace("`", "")
+    note = re.sub(r"(?<![\w/])\*(\w[^*]*?\w)\*(?![\w/])", r"\1", note)  # *emphasis*, not a glob's *
     table = [line for line in section if line.startswith("|")]
     if not table:
         return None, note
@@ -121,7 +122,7 @@ def verdicts(md_path: Path | None) -> tuple[list[dict[str, str]] | None, str]:
     rows = [dict(zip(head, _cells(line))) for line in table[2:]]
     for row in rows:
         row["verdict"] = row.get("verdict", "").replace("**", "")
-    return rows, f"From {md_path.name}: {note}"
+    return rows, f"The verdicts of {md_path.name}. {note}"
 
 
 def build(sweep_dir: str | Path, figures: list[str] | tuple[str, ...] = tuple(FIGURES)) -> Path:
@@ -152,7 +153,7 @@ def build(sweep_dir: str | Path, figures: list[str] | tuple[str, ...] = tuple(FI
     problems += [f"{job}: unfinished (no end marker: killed?)" for job in summary.get("unfinished", [])]
     md_path, csv_path = table_files(sweep_dir, summary)
     table = read_results_csv(csv_path) if csv_path is not None and csv_path.is_file() else None
-    table_metrics = [k for k in (table[0][0] if table[0] else {}) if k not in table[1]] if table else None
+    table_metrics = [k for k in table[0][0] if k not in table[1]] if table and table[0] else None
     names = headline_names(runs, table_metrics)
     swept = swept_keys(runs)
     cards = []

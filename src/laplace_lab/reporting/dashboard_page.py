@@ -39,7 +39,6 @@ class Card:
     figures: list[Figure]
     headline: dict[str, float]
     metrics: dict[str, float]
-    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -133,10 +132,9 @@ def _metrics_table(metrics: dict[str, float]) -> str:
 
 def _card(card: Card, swept: list[str]) -> str:
     title = ", ".join(f"{k}={card.values[k]}" for k in swept) or "the sweep's only run"
-    notes = "".join(f'<div class="missing">{_e(n)}</div>' for n in card.notes)
     head = _metrics_table(card.headline) if card.headline else '<div class="missing">no headline metrics</div>'
     return (f"<section class=\"run\" data-run='{_e(json.dumps(card.values))}'><h3>{_e(title)}</h3>"
-            f'<div class="job">{_e(card.job)}</div>{notes}{"".join(_figure(f) for f in card.figures)}{head}'
+            f'<div class="job">{_e(card.job)}</div>{"".join(_figure(f) for f in card.figures)}{head}'
             f"<details><summary>all {len(card.metrics)} metrics</summary>{_metrics_table(card.metrics)}</details>"
             "</section>")
 
