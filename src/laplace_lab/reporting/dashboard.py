@@ -6,9 +6,10 @@ aggregator, ``sweep_table.SweepTable.dashboard``); to (re)build it for an existi
     python -m laplace_lab.reporting.dashboard <sweep dir> [--figures reliability confidence_hist]
 
 It shows every finished run of the sweep's last launch (``summary.json``: the jobs it ran or
-skipped as already finished), side by side: the figures each job already wrote (default
-``figures/reliability.png``, the reliability diagram, and ``figures/confidence_hist.png``, the
-max-confidence histograms of the test and OOD sets; nothing is redrawn), its headline metrics (the
+skipped as already finished), side by side: the figures each job already wrote (default: of
+``figures/reliability.png``, the reliability diagram, ``figures/confidence_hist.png``, the
+max-confidence histograms of the test and OOD sets, and ``figures/regression_coverage.png``, those
+that a run wrote; nothing is redrawn), its headline metrics (the
 aggregated table's metrics when the sweep was aggregated, else ``HEADLINE``) and all of its
 ``metrics.json``. A select per swept key (an override key with more than one value, seeds
 included) filters the runs. The verdicts are the aggregated table's (the "Reference numbers" section
@@ -40,7 +41,8 @@ COMMAND = "python -m laplace_lab.reporting.dashboard"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # figures/<name>.png shown per run (written by evaluation.runner), with their captions
 FIGURES = {"reliability": "reliability diagram (test set)",
-           "confidence_hist": "max-confidence histograms: test set against the OOD sets"}
+           "confidence_hist": "max-confidence histograms: test set against the OOD sets",
+           "regression_coverage": "central-interval coverage (test set; regression)"}
 # the headline metrics of a sweep that was not aggregated (fnmatch patterns over metrics.json keys)
 HEADLINE = ("test/*/acc", "test/*/nll", "test/*/ece", "test/*/rmse", "ood/*/*/auroc", "ood/*/*/conf",
             "toy2d/far/*/conf")
@@ -125,14 +127,16 @@ def verdicts(md_path: Path | None) -> tuple[list[dict[str, str]] | None, str]:
     return rows, f"The verdicts of {md_path.name}. {note}"
 
 
-def build(sweep_dir: str | Path, figures: list[str] | tuple[str, ...] = tuple(FIGURES)) -> Path:
+def build(sweep_dir: str | Path, figures: list[str] | tuple[str, ...] | None = None) -> Path:
     """Write ``<sweep_dir>/dashboard.html`` from the sweep's ``summary.json`` and its jobs' files;
-    returns its path. A ``FileNotFoundError`` when the folder or its ``summary.json`` is missing (a
-    launch that has not ended), a ``ValueError`` for an unreadable summary or an empty ``figures``."""
+    returns its path. ``figures``: the ``figures/<name>.png`` shown per run (default: those of
+    ``FIGURES`` that at least one run wrote). A ``FileNotFoundError`` when the folder or its
+    ``summary.json`` is missing (a launch that has not ended), a ``ValueError`` for an unreadable
+    summary or an empty ``figures``."""
     sweep_dir = Path(sweep_dir)
-    if not figures:
+    if figures is not None and not figures:
         raise ValueError("figures is empty; give at least one figure name, e.g. " + " ".join(FIGURES))
-    for name in figures:
+    for name in figures or ():
         check_name(name, "figure name (--figures: figures/<name>.png)")
     if not sweep_dir.is_dir():
         raise FileNotFoundError(f"sweep folder {sweep_dir} does not exist")
@@ -151,6 +155,8 @@ def build(sweep_dir: str | Path, figures: list[str] | tuple[str, ...] = tuple(FI
             runs.append(run)
     problems += [f"{f['job']}: failed ({f.get('error')})" for f in summary.get("failed", [])]
     problems += [f"{job}: unfinished (no end marker: killed?)" for job in summary.get("unfinished", [])]
+    if figures is None:
+        figures = [n for n in FIGURES if any((r.path / "figures" / f"{n}.png").is_file() for r in runs)]
     md_path, csv_path = table_files(sweep_dir, summary)
     table = read_results_csv(csv_path) if csv_path is not None and csv_path.is_file() else None
     table_metrics = [k for k in table[0][0] if k not in table[1]] if table and table[0] else None
@@ -169,6 +175,7 @@ def build(sweep_dir: str | Path, figures: list[str] | tuple[str, ...] = tuple(FI
               ("launch", f"{summary.get('launch_id')}: {summary.get('started')} to {summary.get('ended')}"),
               ("jobs", ", ".join(f"{v} {k}" for k, v in counts.items())),
               ("table", str(md_path) if md_path else "not aggregated"),
+              ("figures", ", ".join(figures) or f"none: no run wrote figures/<name>.png for any of {', '.join(FIGURES)}"),
               ("page", f"written {time.strftime('%Y-%m-%d %H:%M:%S %z')}; rebuild: {COMMAND} {sweep_dir}")]
     page = Page(title=f"sweep {sweep_dir.name}", header=header, swept=swept, cards=cards, headline_names=names,
                 verdicts=shown, verdict_note=note, problems=problems)
@@ -180,8 +187,8 @@ def build(sweep_dir: str | Path, figures: list[str] | tuple[str, ...] = tuple(FI
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
     p.add_argument("sweep_dir", type=Path, help="a multirun folder (with its summary.json)")
-    p.add_argument("--figures", nargs="+", default=list(FIGURES),
-                   help=f"figures/<name>.png to show per run (default: {' '.join(FIGURES)})")
+    p.add_argument("--figures", nargs="+", default=None,
+                   help=f"figures/<name>.png to show per run (default: those of {' '.join(FIGURES)} that a run wrote)")
     args = p.parse_args(argv)
     try:
         out = build(args.sweep_dir, args.figures)
