@@ -127,8 +127,9 @@ def laplace_changes(metrics: dict[str, float], far_away_alpha: float | None = No
         set_name = OOD_NAMES.get(ood, ood).format(alpha=alpha)
         for m in (m for m in metrics_of("ood") if m.in_summary):
             add(f"ood/{ood}/{m.key}", Judged.of(m, set_name, ood.replace("_", "-")), _pair(metrics, f"ood/{ood}", m.key))
+    away = lookup("conf", "ood")  # the toy grid's border is judged like an OOD set's confidence
     add("toy2d/far/conf", Judged("mean confidence on the zoomed-out toy grid's border", "confidence on the toy "
-                                 "grid's border", -1, 0.002), _pair(metrics, "toy2d/far", "conf"))
+                                 "grid's border", away.direction, away.tolerance), _pair(metrics, "toy2d/far", "conf"))
     for name in ROTATED:
         m = lookup(name, "classification")
         views = sorted({k.split("/")[1] for k in metrics if k.startswith("shift/rot_") and k.endswith(f"/{MAP}/{name}")})
