@@ -226,10 +226,13 @@ def test_mnist_label_out_of_range_names_the_file(mnist_copy):
 
 
 def test_generated_data_with_nan_noise_fails():
+    """A nan noise is refused by the option's range; a noise that overflows float32 by the data check."""
     from laplace_lab.data import SinusoidDataModule
 
-    with pytest.raises(ValueError, match=r"generated sinusoid data \(data.noise_std=nan\): non-finite targets in row 0"):
+    with pytest.raises(ValueError, match=r"data.noise_std must be >= 0; got nan \(allowed: numbers in \[0, inf\)\)"):
         SinusoidDataModule(noise_std=float("nan"))
+    with pytest.raises(ValueError, match=r"generated sinusoid data \(data.noise_std=1e\+39\): non-finite targets in row 0"):
+        SinusoidDataModule(noise_std=1e39)
 
 
 def test_empty_validation_split_passes_the_data_checks():
