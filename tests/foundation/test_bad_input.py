@@ -122,6 +122,10 @@ def test_map_loss_without_prior_rejects_online_and_grid(extra, tmp_path, no_trai
         (["data=toy2d", "data.kind=blobs", "data.n_train=3"], r"data.n_train=3 is too small for data.kind='blobs'"),
         (["data=mnist", "data.n_val=60000"], r"data.n_val=60000 is too large for mnist: .* allowed: 0..12000"),
         (["data=fake_data", "data.n_val=26"], r"data.n_val=26 is too large for fake_data: .* allowed: 0..25"),
+        # declared once, on UCIDataModule.Options: a fraction of 1 leaves no training row
+        (["data=uci", "data.val_fraction=1.0"],
+         r"data.val_fraction must be >= 0 and < 1; got 1.0 \(allowed: numbers in \[0, 1\)\)"),
+        (["data=uci", "data.name=iris"], r"data.name='iris' is not supported; allowed: \[.*'yacht'"),
         (["checkpoint.resume_from=/no/such/last.ckpt"], r"checkpoint.resume_from='/no/such/last.ckpt' does not exist"),
     ],
 )
