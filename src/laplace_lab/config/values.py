@@ -31,7 +31,7 @@ from omegaconf import OmegaConf
 from laplace_lab.config import CONF_DIR
 from laplace_lab.config.targets import allowed_targets, check_targets
 from laplace_lab.data.registry import check_data
-from laplace_lab.io.fields import Spec, check
+from laplace_lab.io.fields import Spec, check, type_name
 
 # Groups typed by a constructor (data: by its class's Options; the other groups: config.schema);
 # trainer: Lightning's Trainer.
@@ -112,19 +112,10 @@ def _select(data: Mapping, key: str) -> tuple[Any, bool]:
 # --- known keys and their types --------------------------------------------------------------
 def _type_class(v: Any) -> str | None:
     """``bool`` | ``number`` | ``str`` | ``list`` | ``dict``; None for null and interpolations."""
-    if v is None or (isinstance(v, str) and "${" in v):
+    if isinstance(v, str) and "${" in v:
         return None
-    if isinstance(v, bool):
-        return "bool"
-    if _is_number(v):
-        return "number"
-    if isinstance(v, str):
-        return "str"
-    if isinstance(v, (list, tuple)):
-        return "list"
-    if isinstance(v, Mapping):
-        return "dict"
-    return None
+    kind = type_name(v)
+    return kind if kind in ("bool", "number", "str", "list", "dict") else None
 
 
 def _record(schema: dict[str, set], key: str, value: Any) -> None:
