@@ -126,6 +126,7 @@ def test_map_loss_without_prior_rejects_online_and_grid(extra, tmp_path, no_trai
         (["data=uci", "data.val_fraction=1.0"],
          r"data.val_fraction must be >= 0 and < 1; got 1.0 \(allowed: numbers in \[0, 1\)\)"),
         (["data=uci", "data.name=iris"], r"data.name='iris' is not supported; allowed: \[.*'yacht'"),
+        (["data=mnist", "data.ood=[kmnist,imagenet]"], r"data.ood='imagenet' is not supported; allowed: \[.*'kmnist'"),
         (["checkpoint.resume_from=/no/such/last.ckpt"], r"checkpoint.resume_from='/no/such/last.ckpt' does not exist"),
     ],
 )

@@ -255,7 +255,7 @@ class VisionDataModule(LabDataModule):
         data_dir: str = option("data", "str")
         n_val: int = option(5000, "int", low=0)
         n_train_subset: int | None = option(None, "int", low=1, nullable=True)
-        ood: list = option([], "list", items="str")
+        ood: list = option([], "list", choices=tuple(VISION_DATASETS))
         ood_if_missing: str = option("skip", "str", choices=("error", "skip"))
         augment: bool = option(False, "bool")
         download: bool = option(True, "bool")
@@ -278,9 +278,6 @@ class VisionDataModule(LabDataModule):
     def __init__(self, **options):
         super().__init__(**options)
         o = self.options
-        for value in o.ood:
-            if value not in VISION_DATASETS:
-                raise ValueError(f"data.ood={value!r} is not supported; allowed: {sorted(VISION_DATASETS)}")
         self.test_holdout, self.transform = o.test_holdout, o.transform
         self.name, self.root = o.name, Path(o.data_dir)
         self.n_val, self.n_train_subset, self.augment, self.fake_size = o.n_val, o.n_train_subset, o.augment, o.fake_size

@@ -29,7 +29,8 @@ class Spec:
     """What one option accepts.
 
     ``kind``: ``bool`` | ``int`` | ``float`` (ints accepted) | ``str`` | ``list`` | ``dict`` | ``any``;
-    ``low``/``high`` (``low_open``: ``> low``; ``high_open``: ``< high``), ``nullable``, ``choices``; ``items``: the kind of a
+    ``low``/``high`` (``low_open``: ``> low``; ``high_open``: ``< high``), ``nullable``, ``choices`` (a
+    list's: of each entry); ``items``: the kind of a
     list's entries (``int`` | ``str``); ``describe``: shown after the name (``" (the learning rate)"``);
     ``options``: the group options whose config file carries the key (None: all of them, see
     ``config.store``); ``message``: a fixed message for a bad value (``{name}`` and ``{value}``);
@@ -120,8 +121,9 @@ def check(name: str, value: Any, spec: Spec) -> Any:
     if got != TYPE_NAMES[spec.kind]:
         _fail(f"{name}={value!r} has the wrong type: got a {got}; allowed: a {TYPE_NAMES[spec.kind]}"
               + (" (write a list as [a, b], not as a string)" if spec.kind == "list" else ""))
-    if spec.choices is not None and value not in spec.choices:
-        _fail(f"{name}={value!r} is not supported; allowed: {list(spec.choices)}")
+    for entry in value if spec.kind == "list" else (value,):  # a list's choices: of each entry
+        if spec.choices is not None and entry not in spec.choices:
+            _fail(f"{name}={entry!r} is not supported; allowed: {list(spec.choices)}")
     if spec.kind == "list" and spec.items == "int":
         bad = [e for e in value if not (isinstance(e, int) and not isinstance(e, bool))]
         if bad:
