@@ -15,7 +15,7 @@ from typing import Any
 
 from laplace_lab.config.interplay import check_interplay
 from laplace_lab.config.schema import RunConfig
-from laplace_lab.data.registry import check_data, data_modules, required_class
+from laplace_lab.data.registry import data_modules, required_class
 from laplace_lab.evaluation.config import check_landscape_run
 from laplace_lab.laplace.predictive import check_nn_link
 from laplace_lab.laplace.spec import LaplaceSpec, hessian_structures, structure_class
@@ -49,7 +49,6 @@ def validate_config(cfg: Any) -> RunConfig:
 
 def check_combinations(run: RunConfig) -> None:
     """Every combination check below, in the order a user meets them."""
-    check_data(run.data)  # sizes against the data set (the data module's check_sizes: toy2d classes, ...)
     check_root(run)
     check_trainer(run)
     check_laplace(run)

@@ -5,7 +5,8 @@ data is loaded (``check_values``; ``config.load`` calls it before it builds the 
 - every ``_target_`` is one a slot of ``config.targets.SLOTS`` takes (a config is code: a command-line
   ``_target_`` override could import and run anything);
 - ``data``: its class declares its options (``LabDataModule.Options``: type, default, range or
-  choices, once) and size limits; ``data.registry.check_data`` reads the node against them;
+  choices, once) and size limits (``check_sizes``: toy2d's classes, a fifth of an image set to
+  validation); ``data.registry.check_data`` reads the node against them;
 - the other ``_target_`` groups (``model``, ``optimizer``, ``lr_scheduler``) and the Lightning
   arguments of ``trainer``: their schema is the constructor's signature. No unknown keys, also when
   added with ``+`` (``+optimizer.lrr=0.1``); an option's type matches its defaults in
