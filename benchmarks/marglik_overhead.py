@@ -66,7 +66,7 @@ class EpochTimer(pl.Callback):
 
 
 def datamodule(n_train: int) -> VisionDataModule:
-    dm = VisionDataModule("mnist", data_dir=DATA_DIR, n_train_subset=n_train, batch_size=128, download=False)
+    dm = VisionDataModule(name="mnist", data_dir=DATA_DIR, n_train_subset=n_train, batch_size=128, download=False)
     dm.setup("fit")
     return dm
 

@@ -24,9 +24,9 @@ def test_the_rest_is_the_authors_random_split_test_part():
 
 
 def test_mnist_keeps_8000_of_10000_and_leaves_the_ood_sets_whole(data_dir):
-    dm = VisionDataModule("mnist", data_dir=str(data_dir), n_val=0, ood=["fashion_mnist"], test_holdout=2000)
+    dm = VisionDataModule(name="mnist", data_dir=str(data_dir), n_val=0, ood=["fashion_mnist"], test_holdout=2000)
     dm.setup("fit")
-    full = VisionDataModule("mnist", data_dir=str(data_dir), n_val=0)
+    full = VisionDataModule(name="mnist", data_dir=str(data_dir), n_val=0)
     full.setup("fit")
     assert len(dm.test_set) == 8000 and len(full.test_set) == 10000 and len(dm.train_set) == 60000
     first = dm.test_set.indices[0]
@@ -37,7 +37,7 @@ def test_mnist_keeps_8000_of_10000_and_leaves_the_ood_sets_whole(data_dir):
 @pytest.mark.parametrize("bad", [-1, True, 1.5])
 def test_bad_values_are_refused_at_construction(bad):
     with pytest.raises(ValueError, match="data.test_holdout must be an integer >= 0"):
-        VisionDataModule("fake_data", test_holdout=bad, download=False)
+        VisionDataModule(name="fake_data", test_holdout=bad, download=False)
 
 
 def test_a_holdout_that_leaves_nothing_is_refused():

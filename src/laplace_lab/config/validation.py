@@ -9,21 +9,18 @@ the entry point makes before anything else.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from laplace_lab.config.interplay import check_interplay
 from laplace_lab.config.schema import RunConfig
-from laplace_lab.data.size_checks import check_data_sizes
+from laplace_lab.data.registry import data_modules, required_class
 from laplace_lab.evaluation.config import check_landscape_run
 from laplace_lab.laplace.predictive import check_nn_link
 from laplace_lab.laplace.spec import LaplaceSpec, hessian_structures, structure_class
 
-# data modules whose validation rows are held out of the training set, and the option that holds
-# them out (map_grid_refit gives them back by setting it to 0); the toy sets draw theirs apart
-HELD_OUT_VALIDATION = {"laplace_lab.data.UCIDataModule": "val_fraction", "laplace_lab.data.VisionDataModule": "n_val"}
 LOSS_SCALES = ("nll", "mse")
-IMAGE_DATA = "laplace_lab.data.VisionDataModule"
 
 
 def check_loss_scale(loss_scale: str, likelihood: str) -> None:
@@ -36,9 +33,11 @@ def check_loss_scale(loss_scale: str, likelihood: str) -> None:
                          "allowed for this likelihood: map_loss_scale in ['nll']")
 
 
-def _require(condition: bool, message: str) -> None:
+def _require(condition: bool, message: str | Callable[[], str]) -> None:
+    """``ValueError(message)`` unless ``condition``; a callable message is built only then (it may list
+    every data module, which imports them)."""
     if not condition:
-        raise ValueError(message)
+        raise ValueError(message() if callable(message) else message)
 
 
 def validate_config(cfg: Any) -> RunConfig:
@@ -50,7 +49,6 @@ def validate_config(cfg: Any) -> RunConfig:
 
 def check_combinations(run: RunConfig) -> None:
     """Every combination check below, in the order a user meets them."""
-    check_data_sizes(run.data)  # sizes against the data set (toy2d classes, a fifth of the images to validation)
     check_root(run)
     check_trainer(run)
     check_laplace(run)
@@ -83,10 +81,10 @@ def check_root(run: RunConfig) -> None:
              "map_grid needs marglik.mode in ['off', 'posthoc'] (online marglik learns the prior precision)")
     refit = run.map_grid_refit
     _require(not refit or grid, "map_grid_refit=true needs a map_grid (a list of prior precisions); got map_grid=null")
-    target = run.data.get("_target_")
-    _require(not refit or target in HELD_OUT_VALIDATION,
-             f"map_grid_refit=true needs data whose validation rows are held out of the training set "
-             f"(allowed: {sorted(HELD_OUT_VALIDATION)}); data {target!r} draws its validation set apart")
+    _require(not refit or required_class(run.data).validation_option is not None,
+             lambda: "map_grid_refit=true needs data whose validation rows are held out of the training set "
+             f"(allowed: {list(data_modules(lambda cls: cls.validation_option is not None))}); "
+             f"data {run.data.get('_target_')!r} draws its validation set apart")
     _require(run.prior_in_map_loss or (not run.marglik.online and not grid),
              "prior_in_map_loss=false needs marglik.mode in ['off', 'posthoc'] and map_grid=null (online marglik "
              "and the weight-decay grid act through the prior term of the loss)")
@@ -215,7 +213,7 @@ def check_augmentation(run: RunConfig) -> None:
     mode = aug.mode
     AffineAugmentation(int(aug.n_samples), dict(aug.init), list(aug.learnable) if mode == "learned" else [],
                        aug.interpolation)  # raises on bad names / values
-    _require(run.data.get("_target_", "") == IMAGE_DATA,
+    _require(required_class(run.data).images,
              f"augmentation.mode={mode!r} needs an image data set (data=mnist, ...); got "
              f"data._target_={run.data.get('_target_')!r}")
     _require(run.predictive.pred_type != "glm",
