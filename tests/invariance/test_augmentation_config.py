@@ -9,7 +9,7 @@ from laplace_lab.config.validation import validate_config as validate_augmentati
 from laplace_lab.data.transformed import transform_images
 from laplace_lab.models import LeNet
 from laplace_lab.models.augmentation import AugmentedModel
-from laplace_lab.training.augmentation import wrap_model
+from laplace_lab.training.invariance_marglik import wrap_model
 
 LEARNED = ["data=mnist", "model=lenet", "method=online_kron", "augmentation=learned", "predictive=map"]
 
