@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from laplace_lab.config.validation import validate_config as validate_augmentation_config
+from laplace_lab.config.load import load_run_config as validate_augmentation_config
 from laplace_lab.data.transformed import transform_images
 from laplace_lab.models import LeNet
 from laplace_lab.models.augmentation import AugmentedModel

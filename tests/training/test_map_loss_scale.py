@@ -169,10 +169,10 @@ def test_bad_values_are_rejected():
     (["map_loss_scale=mse", "likelihood=classification"], r"map_loss_scale='mse' needs likelihood 'regression'"),
 ])
 def test_config_rejects_bad_values_before_any_work(overrides, pattern):
-    from laplace_lab.config.validation import validate_config
+    from laplace_lab.config.load import load_run_config
 
     with pytest.raises(ValueError, match=pattern):
-        validate_config(compose_config(overrides))
+        load_run_config(compose_config(overrides))
 
 
 def test_immer2021_uci_uses_the_peer_scale():

@@ -8,7 +8,7 @@
   ``n_val=60000`` ran with 12000); the data module now refuses them too.
 
 ``check_data_sizes(data_cfg)`` raises ``ValueError`` naming the option, the data set and the allowed
-range; ``config_validation.validate_config`` calls it.
+range; ``config.validation.check_combinations`` calls it.
 """
 
 from __future__ import annotations

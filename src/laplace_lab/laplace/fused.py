@@ -51,8 +51,8 @@ from contextlib import contextmanager
 import torch
 
 from laplace_lab.laplace.capture import Call, Capture, Record, has_inplace_modules
-from laplace_lab.laplace.curvature import output_factors
 from laplace_lab.laplace.modules import is_kfac_module
+from laplace_lab.laplace.output_factors import output_factors
 from laplace_lab.laplace.precision import no_tf32
 
 FUSED_CURVATURES = ("ef", "mc_fisher")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from laplace_lab.laplace.options import Curvature, PriorStructure, SubsetOfWeights
+from laplace_lab.laplace.options import CurvatureType, PriorStructure, SubsetOfWeights
 
 LAYERWISE_EXPANDED = {"normgroups": "layerwise"}  # priors the structures see in expanded form
 
@@ -58,7 +58,7 @@ class LaplaceSpec:
         """``ValueError`` naming the option and the allowed values for the first bad choice or combination."""
         self._choice("subset_of_weights", SubsetOfWeights.values())
         structure = self._choice("hessian_structure", hessian_structures())
-        curvature = self._choice("curvature", Curvature.values())
+        curvature = self._choice("curvature", CurvatureType.values())
         prior = self._choice("prior_structure", PriorStructure.values())
         cls = structure_class(structure)
         hs, pk, ck = self._key("hessian_structure"), self._key("prior_structure"), self._key("curvature")

@@ -151,7 +151,7 @@ class AugmentationMarglikCore:
             best = online[0].best_marglik
             self._final["marglik/best_log_marglik"] = best if math.isfinite(best) else online[0].history[-1][
                 "marglik/log_marglik"]
-        if self.structure in dm.STRUCTURES and self.curvature_type in dm.CURVATURES and self.subset_all:
+        if self.structure in dm.STRUCTURES and self.curvature_type in dm.CURVATURE_TYPES and self.subset_all:
             self._final["augmentation/log_marglik"] = self._final_marglik(trainer, module)
         if self.history:
             plot_eta(self.history, Path(trainer.default_root_dir) / "figures" / "augmentation_eta.png")

@@ -3,7 +3,7 @@
 Hand-written on ``torch.func`` (``functional_call``, ``jvp``, ``vjp``, ``vmap``): per data chunk,
 one forward + ``vjp`` (keeps the chunk's graph), one ``jvp`` batched over the ``b`` input vectors
 (``vmap``), the output-space product with ``M_n = sum_k v_nk v_nk^T`` (``v`` from
-``curvature.output_factors``, ``[K, N, C]``) and the ``vjp`` batched over the ``b`` results.
+``output_factors.output_factors``, ``[K, N, C]``) and the ``vjp`` batched over the ``b`` results.
 curvlinops' ``GGNLinearOperator`` does the same for one vector at a time (through double
 backward); we keep our own because it batches over vectors (CG over many samples, the
 functional-variance jvps) and shares the likelihood factors of the engine (heteroscedastic
@@ -27,8 +27,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, jacrev, jvp, vjp, vmap
 
-from laplace_lab.laplace.curvature import output_factors
 from laplace_lab.laplace.likelihoods import Likelihood, get_likelihood
+from laplace_lab.laplace.output_factors import output_factors
 
 OPERATOR_CURVATURES = ("ggn", "ef")  # deterministic curvatures (mc_fisher would change per product)
 

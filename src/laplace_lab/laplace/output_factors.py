@@ -1,4 +1,5 @@
-"""Output-space factors of the curvature types (hand-written: three lines each).
+"""Output-space factors of the curvature types (``CURVATURE_TYPES``: ggn | ef | mc_fisher, the
+engine's ``curvature`` argument and the config's ``curvature.type``), hand-written: three lines each.
 
 Every curvature of the log likelihood used here has the form ``sum_n J_n^T M_n J_n`` with
 ``J_n`` the network Jacobian of sample ``n`` and ``M_n = sum_k v_{nk} v_{nk}^T`` a PSD matrix in
@@ -20,9 +21,9 @@ import math
 import torch
 
 from laplace_lab.laplace.likelihoods import Likelihood
-from laplace_lab.laplace.options import Curvature
+from laplace_lab.laplace.options import CurvatureType
 
-CURVATURES = Curvature.values()
+CURVATURE_TYPES = CurvatureType.values()
 
 
 def _classification_ggn_sqrt(f: torch.Tensor) -> torch.Tensor:
@@ -70,7 +71,7 @@ def output_factors(
         return torch.stack(
             [likelihood.grad(f, likelihood.sample(f, generator)) * scale for _ in range(n_mc_samples)]
         )
-    raise ValueError(f"curvature must be one of {CURVATURES}; got {curvature!r}")
+    raise ValueError(f"curvature must be one of {CURVATURE_TYPES}; got {curvature!r}")
 
 
 def n_output_factors(likelihood: str, curvature: str, n_outputs: int, n_mc_samples: int = 1) -> int:
@@ -82,4 +83,4 @@ def n_output_factors(likelihood: str, curvature: str, n_outputs: int, n_mc_sampl
         return 1
     if curvature == "mc_fisher":
         return n_mc_samples
-    raise ValueError(f"curvature must be one of {CURVATURES}; got {curvature!r}")
+    raise ValueError(f"curvature must be one of {CURVATURE_TYPES}; got {curvature!r}")
