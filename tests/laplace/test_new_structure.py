@@ -27,7 +27,7 @@ NAME = "isotropic_test"
 class IsotropicStructure(Structure):
     name = NAME
     prior_structures = ("scalar", "layerwise", "diagonal")
-    curvatures = ("ggn", "ef")
+    curvature_types = ("ggn", "ef")
 
     def reset(self):
         self.diag_sum = torch.zeros(self.n_params, device=self.device, dtype=self.dtype)

@@ -269,7 +269,7 @@ def alternatives(model: nn.Module, probe: dict, batch: int, n_factors: int, curv
         except ValueError:  # e.g. no nn.Linear for last_layer
             continue
         for name, cls in STRUCTURES.items():
-            if curvature in cls.curvatures:
+            if curvature in cls.curvature_types:
                 rows.append(FitPlan(subset, name, shape.n_params, structure_plan(cls, shape, batch, n_factors)))
     return rows
 

@@ -2,7 +2,7 @@
 
 One source: choices come from ``options`` (``str`` enums) and the structure registry
 (``structures.STRUCTURES``), rules from each structure's declared ``prior_structures``,
-``curvatures``, ``options`` and ``check_options``. ``keys`` maps an option to the name the caller
+``curvature_types``, ``options`` and ``check_options``. ``keys`` maps an option to the name the caller
 shows in messages (e.g. ``"hessian_structure" -> "curvature.hessian_structure"``).
 """
 
@@ -65,7 +65,7 @@ class LaplaceSpec:
         priors = allowed_priors(structure)
         if prior not in priors:
             raise ValueError(f"{pk}={prior!r} does not fit {hs}={structure!r}; allowed with {structure}: {list(priors)}")
-        if curvature not in cls.curvatures:
-            raise ValueError(f"{hs}={structure!r} needs {ck} in {list(cls.curvatures)}; got {curvature!r}")
+        if curvature not in cls.curvature_types:
+            raise ValueError(f"{hs}={structure!r} needs {ck} in {list(cls.curvature_types)}; got {curvature!r}")
         cls.check_options(self.options, key=lambda k: self.keys.get(k, k))
         return self
