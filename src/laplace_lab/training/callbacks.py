@@ -1,10 +1,10 @@
-"""The training callbacks of a run, built in order from the ``callbacks`` config (``conf/callbacks/``),
-whose entries name by ``_target_`` either
+"""The training callbacks of a run, built in order from the ``callbacks`` config (``conf/callbacks/``)
+by ``training.fit.build_callbacks``, whose entries name by ``_target_`` either
 
 - a callback class with typed options (``options_type``, a dataclass; ``OnlineMarglikCore``,
   ``AugmentationMarglikCore``): ``options_type.from_run(run)`` reads its options from the run's typed
   config (``None``: the run does not use it) and the class is built with them, ``cls(options)``;
-  under ``loop="lightning"`` its Lightning twin (``lightning_classes.lightning_twin``), or
+  under ``loop="lightning"`` its Lightning twin (``build.training_class``), or
 - a function ``(run, output_dir, loop) -> list`` for what depends on the run folder (``checkpoints``,
   ``epoch_eta`` below), returning an empty list where the run does not use it.
 
@@ -16,35 +16,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hydra.utils import get_object
-
 from laplace_lab.config.schema import RunConfig
 from laplace_lab.sweeps.ranks import is_first_process
 from laplace_lab.training.epoch_eta import EpochETA
 from laplace_lab.training.resume import checkpoint_dir
-
-
-def build_callbacks(run: RunConfig, output_dir: Path, loop: str = "lightning") -> list:
-    """The ``callbacks`` config's entries, in order (module docstring)."""
-    callbacks = []
-    for node in run.callbacks.values():
-        target = get_object(node["_target_"])
-        if not isinstance(target, type):
-            callbacks += target(run, output_dir, loop)
-            continue
-        options = target.options_type.from_run(run)
-        if options is not None:
-            callbacks.append(_for_loop(target, loop)(options))
-    return callbacks
-
-
-def _for_loop(cls: type, loop: str) -> type:
-    """``cls``, or its Lightning twin for ``loop="lightning"`` (imports Lightning)."""
-    if loop != "lightning":
-        return cls
-    from laplace_lab.training.lightning_classes import lightning_twin
-
-    return lightning_twin(cls)
 
 
 def checkpoints(run: RunConfig, output_dir: Path, loop: str) -> list:
@@ -76,4 +51,9 @@ def epoch_eta(run: RunConfig, output_dir: Path, loop: str) -> list:
 
     name = output_dir.name
     label = f"MAP training ({name})" if name.startswith(("grid_", "member_", REFIT_NAME)) else "MAP training"
-    return [_for_loop(EpochETA, loop)(output_dir if is_first_process() else None, label)]  # DDP: rank 0 writes progress.json
+    cls = EpochETA
+    if loop == "lightning":
+        from laplace_lab.training.lightning_classes import lightning_twin
+
+        cls = lightning_twin(cls)
+    return [cls(output_dir if is_first_process() else None, label)]  # DDP: rank 0 writes progress.json
