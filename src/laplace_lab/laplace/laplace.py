@@ -190,7 +190,8 @@ class Laplace:
         declared = STRUCTURES[hessian_structure].options
         if set(options) - set(declared):
             raise TypeError(f"Laplace() got unexpected keyword arguments {sorted(set(options) - set(declared))}; "
-                            f"the options of hessian_structure={hessian_structure!r}: {list(declared)}")
+                            f"the options of hessian_structure={hessian_structure!r}: {list(declared)} "
+                            "(laplace-torch's further keywords: laplace_lab.laplace.compat.Engine)")
         structure_options = {**options, **(structure_options or {})}
         STRUCTURES[hessian_structure].check_options(structure_options)
         if not (isinstance(n_mc_samples, int) and n_mc_samples >= 1):
