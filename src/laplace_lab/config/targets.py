@@ -74,8 +74,8 @@ SCHEDULERS = frozenset({
     "torch.optim.lr_scheduler.MultiStepLR", "torch.optim.lr_scheduler.ExponentialLR",
 })
 TRAINING_CALLBACKS = frozenset({
-    "laplace_lab.training.callbacks.online_marglik", "laplace_lab.training.callbacks.augmentation_marglik",
-    "laplace_lab.training.callbacks.checkpoints", "laplace_lab.training.callbacks.epoch_eta",
+    "laplace_lab.training.online_marglik.OnlineMarglikCore",
+    "laplace_lab.training.invariance_marglik.AugmentationMarglikCore", "laplace_lab.training.callbacks.checkpoints", "laplace_lab.training.callbacks.epoch_eta",
 })
 HYDRA_CALLBACKS = frozenset({"laplace_lab.sweeps.callback.SweepSummary", "laplace_lab.sweeps.sweep_eta.SweepETA"})
 LAUNCHERS = frozenset({
