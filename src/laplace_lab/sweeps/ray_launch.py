@@ -8,7 +8,8 @@ left to the dead process), and a Python handler that raises inside ``ray.get`` (
 checks from C++) leaves ``ray.get`` hanging. ``launch`` is the plugin's launch with both fixed:
 
 - the signals are handled by ``signals.deferred()`` (recorded, not raised), re-installed right after
-  Ray has started;
+  Ray has started (a signal while it starts meets ``ray.init``'s ``sys.exit(signum)``, which is
+  turned into ``JobInterrupted``);
 - each job is waited for with ``ray.wait(timeout=POLL_S)`` in a loop; between waits
   ``signals.raise_pending()`` raises ``JobInterrupted`` from plain Python code, so the entry point
   stops the launch as for any other launcher: the signal goes to the processes below the driver
@@ -117,7 +118,12 @@ def launch(launcher: Any, job_overrides: Sequence[Sequence[str]], initial_job_id
     joined = launcher.ray_cfg.init.get("address") is not None
     refs: list[Any] = []
     with signals.deferred():
-        start_ray(launcher.ray_cfg.init)
+        try:
+            start_ray(launcher.ray_cfg.init)
+        except SystemExit as err:  # ray.init's own handler, while it starts: sys.exit(signum)
+            if err.code in signals.HANDLED:
+                raise signals.JobInterrupted(err.code) from None
+            raise
         signals.reinstall()  # ray.init replaced the handlers
         try:
             signals.raise_pending()
