@@ -38,6 +38,7 @@ from laplace_lab.io.eta import PhaseLog, attached_to_terminal
 from laplace_lab.reporting.run_loggers import build_loggers, finish_loggers
 from laplace_lab.sweeps.devices import check_accelerator
 from laplace_lab.sweeps.jobs import is_multirun, job_checkpoint_dir, record_devices, run_tracked
+from laplace_lab.sweeps.ray_launch import patch_ray_launcher
 from laplace_lab.sweeps.signals import exit_on_interrupt
 from laplace_lab.training import ensemble, loop_choice
 from laplace_lab.training.fit import train_map, training_plan
@@ -54,6 +55,7 @@ from laplace_lab.training.underfit import train_target_std, warn_if_underfit
 log = logging.getLogger(__name__)
 quiet_logs.install()  # third-party tips and known-harmless warnings, before Hydra composes the config
 guard_hydra_config()  # the hydra node (callbacks, logging, launcher, sweeper) is checked as Hydra composes it
+patch_ray_launcher()  # a SIGTERM / SIGINT stops a Ray launch like any other (sweeps.ray_launch)
 
 
 class NonFiniteMetricsError(RuntimeError):

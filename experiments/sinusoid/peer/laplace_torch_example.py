@@ -156,6 +156,9 @@ def write_csv(path: Path, rows: list[dict], header: list[str]) -> None:
         writer = csv.DictWriter(f, fieldnames=list(COLUMNS), lineterminator="\n")
         writer.writeheader()
         writer.writerows(sorted(rows, key=lambda r: (r["side"], int(r["seed"]))))
+    from laplace_lab.reporting.peer_csv import seal
+
+    seal(path)  # the row count last: a cut-off file is refused
 
 
 def main(argv: list[str] | None = None) -> None:
