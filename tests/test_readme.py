@@ -252,6 +252,7 @@ NUMBERED_WORK = re.compile(r"\b(issue|session)[ -]\d+", re.I)
 
 
 @pytest.mark.parametrize("path", [*PAGES, *sorted((ROOT / "experiments").glob("**/README.md")),
+                                  ROOT / "benchmarks" / "README.md", *sorted((ROOT / "results").glob("*.md")),
                                   *sorted((ROOT / "src").rglob("*.py")), *sorted((ROOT / "conf").rglob("*.yaml")),
                                   *sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py"))],
                          ids=lambda p: str(p.relative_to(ROOT)))
