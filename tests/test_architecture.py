@@ -33,12 +33,27 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported_modules(path: Path, name: str | None = None) -> list[tuple[int, str]]:
+def run_at_import(node: ast.AST):
+    """The nodes under ``node`` that run when the module is imported: not the bodies of functions and
+    lambdas, nor ``if TYPE_CHECKING:`` blocks (class bodies do run)."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+            yield from (n for orelse in child.orelse for n in [orelse, *run_at_import(orelse)])
+            continue
+        yield child
+        yield from run_at_import(child)
+
+
+def imported_modules(path: Path, name: str | None = None, at_import: bool = False) -> list[tuple[int, str]]:
     """``(line, module)`` of every import of ``path``, the module ``name`` (relative imports resolved;
-    ``from m import a`` gives ``m`` and ``m.a``, since ``a`` may be a submodule)."""
+    ``from m import a`` gives ``m`` and ``m.a``, since ``a`` may be a submodule); ``at_import``: only
+    the imports that run when the module is imported (``run_at_import``)."""
     name, is_package = name or module_name(path), path.name == "__init__.py"
+    tree = ast.parse(path.read_text(), str(path))
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in (run_at_import(tree) if at_import else ast.walk(tree)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -97,6 +112,61 @@ def test_the_check_finds_an_upward_import(tmp_path):
     found = [m for _, m in imported_modules(module, "laplace_lab.training.m")]
     assert found == ["laplace_lab.train", "laplace_lab.train.build", "laplace_lab", "laplace_lab.train"]
     assert layer("laplace_lab.train.build") == "laplace_lab.train" and layer("laplace_lab") is None
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """``module -> the modules of `modules` it imports when it is imported``. The packages above a
+    module are no edges of it: Python loads them first, so they are in ``sys.modules`` already
+    (``from laplace_lab.training import fit`` inside ``training`` is an edge to ``training.fit`` only)."""
+    graph = {}
+    for name, path in modules.items():
+        above = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+        graph[name] = {m for _, m in imported_modules(path, name, at_import=True)
+                       if m in modules and m != name and m not in above}
+    return graph
+
+
+def import_circle(graph: dict[str, set[str]]) -> list[str]:
+    """One circle of ``graph`` as ``[a, b, ..., a]``; ``[]`` if it has none (depth-first search)."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (circle := visit(nxt)):
+                return circle
+        state[node] = "done"
+        stack.pop()
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (circle := visit(node)):
+            return circle
+    return []
+
+
+def test_no_import_circle():
+    """No chain of module-level imports leads back to where it started (imports inside functions,
+    which run later, are not counted): a circle breaks as soon as one side runs code at import."""
+    graph = import_graph({module_name(p): p for p in MODULES})
+    circle = import_circle(graph)
+    assert not circle, "import circle: " + " -> ".join(circle)
+
+
+def test_the_circle_check_finds_a_circle(tmp_path):
+    """Two modules that import each other at module level are a circle; a lazy import is not."""
+    (tmp_path / "a.py").write_text("from laplace_lab.x.b import f\n")
+    (tmp_path / "b.py").write_text("import laplace_lab.x.a\nf = 1\n")
+    (tmp_path / "c.py").write_text("def g():\n    from laplace_lab.x.a import f\n")
+    modules = {f"laplace_lab.x.{n}": tmp_path / f"{n}.py" for n in "abc"}
+    graph = import_graph(modules)
+    assert graph == {"laplace_lab.x.a": {"laplace_lab.x.b"}, "laplace_lab.x.b": {"laplace_lab.x.a"},
+                     "laplace_lab.x.c": set()}
+    assert import_circle(graph) == ["laplace_lab.x.a", "laplace_lab.x.b", "laplace_lab.x.a"]
+    assert import_circle({**graph, "laplace_lab.x.b": set()}) == []
 
 
 # Where the composed config (Hydra's ``DictConfig``) may appear: the entry point, the config package

@@ -40,8 +40,3 @@ def instantiate(node, *args, **kwargs):
             raise err.__cause__ from None
         raise
 
-
-def call_target(node: dict, *args):
-    """``node["_target_"](*args)``: a node that only names a callable (``module``, ``callbacks.<name>``),
-    called with typed objects as they are (``hydra.utils.instantiate`` would turn them into configs)."""
-    return hydra.utils.get_object(node["_target_"])(*args)

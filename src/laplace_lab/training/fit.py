@@ -23,6 +23,7 @@ from laplace_lab.training.laplace_plan import check_run_laplace
 from laplace_lab.training.module import MAPCore
 from laplace_lab.training.plain_loop import PlainTrainer, resolve_device, seed_everything
 from laplace_lab.training.resume import check_resume, resume_path, run_fingerprint, run_identity
+from laplace_lab.training.validation_nll import validation_nll
 
 log = logging.getLogger(__name__)
 
@@ -121,8 +122,6 @@ def cached_validation(module: MAPCore, datamodule: LabDataModule) -> dict[str, f
     """``val/nll`` of a network loaded from the MAP cache (no trainer ran, so no validation was logged):
     the mean validation NLL over the whole validation set, as the last validation epoch logs it (the
     sweep objective, Optuna's); ``{}`` for an empty validation set."""
-    from laplace_lab.training.map_grid import validation_nll  # (map_grid imports this module)
-
     val = getattr(datamodule, "val_set", None)
     if val is None or len(val) == 0:
         return {}

@@ -12,10 +12,10 @@ import torch
 
 from laplace_lab.config.load import replaced
 from laplace_lab.config.schema import RunConfig
-from laplace_lab.data.base import LabDataModule
 from laplace_lab.data.registry import required_class
 from laplace_lab.training.fit import train_map
 from laplace_lab.training.module import MAPCore
+from laplace_lab.training.validation_nll import validation_nll
 
 REFIT_NAME = "refit"  # the folder of map_grid_refit's last training
 
@@ -42,17 +42,6 @@ def refit_config(run: RunConfig, delta: float) -> RunConfig:
     ``validation_option`` (``data.val_fraction``, ``data.n_val``) set to 0."""
     point = grid_point_config(run, delta, REFIT_NAME)
     return replaced(point, {f"data.{required_class(point.data).validation_option}": 0})
-
-
-def validation_nll(module: MAPCore, datamodule: LabDataModule) -> float:
-    """Mean NLL of the MAP network on the validation set."""
-    module.eval()
-    total, n = 0.0, 0
-    with torch.no_grad():
-        for x, y in datamodule.val_dataloader():
-            total += float(module.nll(module(x), y))
-            n += len(x)
-    return total / n
 
 
 def loader_rmse(module: MAPCore, loader) -> float:
