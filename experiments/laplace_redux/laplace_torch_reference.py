@@ -30,7 +30,7 @@ recorded in the sweep's ``launches.jsonl``; ``--map-cache-dir`` overrides). The 
 file named by the job's cache key (``map_cache.cache_key``) when the code is the same; else the
 unique entry whose ``<key>.json`` has the same training config and data files (the code hash
 left out, so a later checkout finds the MAP networks of an earlier commit). None, or several:
-an error naming the candidates. The job's config is rebuilt with today's code (``train.build``);
+an error naming the candidates. The job's config is rebuilt with today's code (``training.build.build``);
 root options added to ``conf/train.yaml`` after the sweep's commit (e.g. ``map_loss_scale``) are
 filled in with today's defaults for the rebuild (named on stdout), never for the cache lookup.
 

@@ -52,7 +52,7 @@ def test_a_uci_validation_fraction_that_leaves_no_training_row_fails(uci_copy): 
 
 
 def test_an_empty_test_set_fails_before_training(tmp_path, no_training, monkeypatch):  # noqa: F811
-    """Any data module: the last guard in train.build."""
+    """Any data module: the last guard in training.build.build."""
     from laplace_lab.data.toy import Toy2DDataModule
 
     def no_test_rows(self, stage=None):

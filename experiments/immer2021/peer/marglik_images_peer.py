@@ -57,7 +57,7 @@ CUT = {"n_train": 5000, "epochs": 10}  # the defaults of --n-train / --epochs: i
 
 
 def build_model(name: str, input_shape, num_outputs: int) -> torch.nn.Module:
-    """``conf/model/<name>.yaml`` composed by Hydra (its defaults included), as ``train.build`` does."""
+    """``conf/model/<name>.yaml`` composed by Hydra (its defaults included), as ``training.build.build`` does."""
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 

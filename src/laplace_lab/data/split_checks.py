@@ -4,7 +4,7 @@
 that are disjoint, without duplicates, in range, and not empty, and the target column must not be
 among the features (a leaky split gave a normal run: test RMSE 1.02 or 0.40 on yacht split 0,
 where the clean split gives 1.55). Each error names the file. ``check_nonempty`` is the last
-guard of every data module (``train.build``): an empty training or test set fails before training,
+guard of every data module (``training.build.build``): an empty training or test set fails before training,
 not after it (a ``cannot reshape tensor of 0 elements`` at evaluation).
 """
 

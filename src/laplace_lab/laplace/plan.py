@@ -60,7 +60,7 @@ class LayerShape:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What a plan needs of a model and a subset (``probe_shape``)."""
+    """What a plan needs of a model and a subset (``shape_of`` of a ``probe_model`` result)."""
 
     subset: str
     layers: tuple[LayerShape, ...]

@@ -5,7 +5,7 @@ Notation: ``P`` = number of parameters in the subset, ``L`` = number of paramete
 The posterior precision is ``c H + diag(prior)``.
 
 A structure is a subclass of ``Structure`` decorated with ``@register``: ``Laplace(hessian_structure=
-name)``, config validation (``options.LaplaceSpec``) and every caller then find it through ``STRUCTURES``;
+name)``, config validation (``spec.LaplaceSpec``) and every caller then find it through ``STRUCTURES``;
 nothing outside the structure branches on its name. Required: ``reset``, ``accumulate`` (or
 ``self_fitting`` + ``fit``), ``logdet``, ``sample``, ``functional_variance``, ``posterior_variance``,
 ``precision``, ``dense_precision``, ``state_dict`` / ``load_state_dict`` and the ``H`` property.
