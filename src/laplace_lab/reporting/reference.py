@@ -519,10 +519,6 @@ def _ours_text(stat: tuple[float, float, int] | None) -> str:
     return f"{_fmt(mean)} ± {_fmt(se)} (n={n})" if n > 1 and math.isfinite(se) else f"{_fmt(mean)} (n={n})"
 
 
-def _se(stat: tuple[float, float, int]) -> float:
-    return stat[1] if math.isfinite(stat[1]) else 0.0
-
-
 def value_reproduces(mean: float, se: float, value: float, tolerance: float) -> bool:
     """``|mean - value| <= tolerance + se`` (se counts as 0 when not finite, e.g. n = 1)."""
     return abs(mean - value) <= tolerance + (se if math.isfinite(se) else 0.0)
@@ -552,11 +548,6 @@ def paper_tolerance(entry: dict[str, Any], our_se: float) -> float:
     """The allowed |ours - paper| of a ``paper`` entry given our standard error (0 when unknown)."""
     value, paper_se, half = paper_value(entry)
     return rules.paper_decision(value, our_se, value, paper_se, entry.get("tolerance"), half)[1]
-
-
-def claim_verdict(op: str, lhs: tuple[float, float, int], rhs: tuple[float, float, int], margin: float = 0.0) -> str:
-    """A format-2 claim on our means (``verdict_rules.claim_decision``)."""
-    return rules.claim_decision(op, lhs, rhs, margin)[0]
 
 
 def format_source(source: Any) -> str:

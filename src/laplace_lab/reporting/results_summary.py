@@ -33,7 +33,6 @@ EXPERIMENTS_DIR = REPO_ROOT / "experiments"
 RESULTS_DIR = REPO_ROOT / "results"
 README = REPO_ROOT / "README.md"
 COMMAND = "python -m laplace_lab.reporting.results_summary"
-QUANTITATIVE = ("paper", "peer")
 
 
 class ResultsCSVError(ValueError):

@@ -65,14 +65,6 @@ def alive(pid: int) -> bool:
     return stat is not None and stat[0] != "Z"
 
 
-def command_line(pid: int) -> list[str]:
-    """The arguments ``pid`` was started with (``/proc/<pid>/cmdline``); [] when it is gone."""
-    try:
-        return [a for a in (PROC / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0") if a]
-    except OSError:
-        return []
-
-
 def signal_and_wait(pids: list[int], signum: int, wait_s: float, poll_s: float = 0.2) -> list[int]:
     """Send ``signum`` to ``pids`` and wait up to ``wait_s`` s for them to end; returns those still running."""
     for pid in pids:
