@@ -8,7 +8,7 @@ structure: its ``memory_plan`` classmethod (``structures.base.Structure.memory_p
 states in bytes what the structure keeps (factors, diagonal, dense matrix, low-rank basis) and what
 its accumulation, finalisation, predictive view and sampling allocate beside it; the part every
 batch backend keeps per batch (activations, the ``K`` output factors' gradients of the recorded
-modules, the cotangent in flight) is ``backend_batch_bytes`` here, shared by all structures. A
+modules, the cotangent in flight) is ``plan_terms.backend_batch_bytes``, shared by all structures. A
 structure without ``memory_plan`` gets no plan (``None``) and no memory check.
 
 Conventions: bytes; ``K`` = output factors (``output_factors.n_output_factors``), ``N`` = fit batch,
@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -36,6 +36,8 @@ from torch import nn
 from laplace_lab.laplace import checks
 from laplace_lab.laplace.modules import eval_with_hooks, is_kfac_module
 from laplace_lab.laplace.output_factors import n_output_factors
+from laplace_lab.laplace.plan_terms import LayerShape, MemoryPlan, ModelShape
+from laplace_lab.laplace.structures import STRUCTURES
 from laplace_lab.laplace.subset import SUBSETS, select
 
 DEFAULT_MEMORY_BUDGET = 0.9  # fraction of the available memory a fit may plan to use
@@ -46,61 +48,6 @@ class MemoryPlanError(MemoryError):
     """A fit or predictive whose planned peak memory exceeds the budget; raised before allocating."""
 
 
-@dataclass(frozen=True)
-class LayerShape:
-    """One subset entry (a module and its parameters in the subset)."""
-
-    kfac: bool  # a Linear / Conv2d (KFAC factors ``G (x) A``)
-    d_in: int  # ``A`` side: in_features, or C_in / groups * kh * kw
-    d_out: int  # ``G`` side: out_features / out_channels
-    positions: int  # output positions per input ``S`` (1 for a Linear on ``[N, D]``)
-    numel: int  # parameters of the entry in the subset
-    out_numel: int  # module output elements per input
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What a plan needs of a model and a subset (``shape_of`` of a ``probe_model`` result)."""
-
-    subset: str
-    layers: tuple[LayerShape, ...]
-    n_outputs: int  # C
-    activations: int  # input + every leaf module's output elements, per input
-    widest: int  # the largest leaf output (or input) per input
-    itemsize: int  # bytes per element of the model's dtype
-    chain: bool  # the graph-free chain backend runs this model (no streaming of output factors)
-
-    @property
-    def n_params(self) -> int:
-        return sum(lay.numel for lay in self.layers)
-
-    @property
-    def recorded(self) -> int:
-        """Output elements per input of the subset's modules (their gradients are kept per factor)."""
-        return sum(lay.out_numel for lay in self.layers)
-
-
-@dataclass
-class MemoryPlan:
-    """Bytes of one structure on one model (``Structure.memory_plan``). ``fit`` is the peak of
-    ``fit`` including ``state``; the predictive of ``n`` inputs needs ``predict_fixed +
-    n * predict_per_input`` beside the state, ``sample(n)`` ``sample_fixed + n * sample_per_draw``."""
-
-    state: int
-    fit: int
-    predict_fixed: int
-    predict_per_input: int
-    sample_fixed: int
-    sample_per_draw: int
-    parts: dict[str, int] = field(default_factory=dict)  # named terms of ``fit`` (messages, tables)
-
-    def predict(self, n_inputs: int) -> int:
-        return self.predict_fixed + n_inputs * self.predict_per_input
-
-    def sample(self, n_draws: int) -> int:
-        return self.sample_fixed + n_draws * self.sample_per_draw
-
-
 def human(n_bytes: float) -> str:
     """``n_bytes`` in binary units: ``'1.5 GiB'``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
@@ -108,39 +55,6 @@ def human(n_bytes: float) -> str:
             return f"{n_bytes:.0f} {unit}" if unit == "B" else f"{n_bytes:.1f} {unit}"
         n_bytes /= 1024
     raise AssertionError  # unreachable
-
-
-# ---- what every batch backend keeps ----------------------------------------------------------------
-def backend_batch_bytes(shape: ModelShape, batch: int, n_factors: int, factor_chunks: bool) -> dict[str, int]:
-    """Bytes a batch backend keeps for one fit batch of ``batch`` inputs, by part: the forward
-    (``activations``: all-weights keeps every leaf output, last-layer runs without a graph and holds
-    about two at a time), the ``K`` output factors ``V`` and the network output, the output
-    gradients of the recorded modules (``K N`` rows each; streamed one factor at a time by the
-    capture backend when they exceed ``backends.capture.FACTOR_BUDGET`` elements and the structure
-    has ``factor_chunks``) and the cotangent in flight through the widest layer."""
-    from laplace_lab.laplace.backends.capture import FACTOR_BUDGET, STREAM_BUDGET
-
-    b, N, K, C = shape.itemsize, batch, n_factors, shape.n_outputs
-    last = shape.subset == "last_layer"
-    grads = K * N * shape.recorded
-    if not last and not shape.chain and factor_chunks and grads > FACTOR_BUDGET:
-        grads = N * shape.recorded + STREAM_BUDGET
-    return {"activations": b * N * (2 * shape.widest if last else shape.activations),
-            # the exact classification GGN's factors (K = C - 1, curvature._classification_ggn_sqrt)
-            # pass through two more [N, C, C] tensors before the kept [K, N, C]
-            "output_factors": b * N * C * (2 * K + 2 if K == C - 1 and C > 1 else K + 2),
-            "output_gradients": b * grads,
-            # autograd's cotangent of the widest layer (the chain back-propagates into the kept gradients)
-            "cotangent": 0 if last or shape.chain else b * K * N * shape.widest}
-
-
-def glm_bytes_per_input(shape: ModelShape) -> int:
-    """Predictive bytes per test input common to every structure (``functional_variance``): the
-    forward, the ``C`` unit directions' gradients of the recorded modules, their rotated copies and
-    the ``[C, C]`` output covariance."""
-    C, b = shape.n_outputs, shape.itemsize
-    forward = 2 * shape.widest if shape.subset == "last_layer" else shape.activations
-    return b * (forward + 2 * C * shape.recorded + 2 * C * C)
 
 
 # ---- probing a model -------------------------------------------------------------------------------
@@ -260,8 +174,6 @@ class FitPlan:
 def alternatives(model: nn.Module, probe: dict, batch: int, n_factors: int, curvature: str,
                  last_layer_name: str | None = None, dtype=None) -> list[FitPlan]:
     """Plans of every registered structure that supports ``curvature``, for every subset (default options)."""
-    from laplace_lab.laplace.structures import STRUCTURES
-
     rows = []
     for subset in SUBSETS:
         try:

@@ -37,6 +37,7 @@ from laplace_lab.laplace.distributed import all_reduce_sum, fit_group
 from laplace_lab.laplace.matrix_free.ggn_operator import OPERATOR_CURVATURE_TYPES, GGNOperator
 from laplace_lab.laplace.matrix_free.lanczos import lanczos
 from laplace_lab.laplace.modules import per_sample_grads
+from laplace_lab.laplace.plan_terms import MemoryPlan, backend_batch_bytes, glm_bytes_per_input
 from laplace_lab.laplace.priors import to_diag
 from laplace_lab.laplace.structures.base import Structure, register
 
@@ -144,8 +145,6 @@ class LowRankStructure(Structure):
         """``U`` ``[P, k]``; the fit holds the Lanczos basis ``[P, m]`` (``m = min(P, max(2k, k +
         20))`` steps) and one batch of the GGN operator (a forward, its Jacobian-vector product and
         the backward: about twice a batch backend's). Coarse: not checked by benchmarks/plan_accuracy.py."""
-        from laplace_lab.laplace.plan import MemoryPlan, backend_batch_bytes, glm_bytes_per_input
-
         b, P = shape.itemsize, shape.n_params
         k = min(int(options.get("n_eigs", 100)), P)
         m = min(P, max(2 * k, k + 20))

@@ -181,9 +181,9 @@ class Structure:
     # ---- memory plan (laplace.plan) --------------------------------------------------------
     @classmethod
     def memory_plan(cls, shape, batch: int, n_factors: int, options: dict):
-        """This structure's ``plan.MemoryPlan`` in bytes for a model ``shape`` (``plan.ModelShape``),
+        """This structure's ``plan_terms.MemoryPlan`` in bytes for a model ``shape`` (``plan_terms.ModelShape``),
         fit batches of ``batch`` inputs and ``n_factors`` output factors, with its ``options``: what it
-        keeps (``state``), the fit's peak (``plan.backend_batch_bytes`` plus its own accumulation and
+        keeps (``state``), the fit's peak (``plan_terms.backend_batch_bytes`` plus its own accumulation and
         finalisation), the glm predictive's and sampling's fixed and per-item bytes. ``None`` (this
         default): no plan declared, so ``Laplace.fit`` runs without a memory check."""
         return None

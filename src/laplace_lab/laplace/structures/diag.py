@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from laplace_lab.laplace.modules import diag_sq
+from laplace_lab.laplace.plan_terms import MemoryPlan, backend_batch_bytes, glm_bytes_per_input
 from laplace_lab.laplace.priors import logdet_diag_by_tensor, to_diag
 from laplace_lab.laplace.structures.base import Structure, register
 
@@ -84,8 +85,6 @@ class DiagStructure(Structure):
         """``h`` ``[P]``; accumulation squares a Linear's output gradients (``K N`` rows, one layer
         at a time; other layers: the diag kernels' chunks); predictive and samples: ``[P]`` vectors."""
         from laplace_lab.laplace.modules import CHUNK_FLOATS
-        from laplace_lab.laplace.plan import MemoryPlan, backend_batch_bytes, glm_bytes_per_input
-
         b, P = shape.itemsize, shape.n_params
         parts = backend_batch_bytes(shape, batch, n_factors, cls.factor_chunks)
         square = max([lay.out_numel for lay in shape.layers if lay.kfac and lay.positions == 1], default=0)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from laplace_lab.laplace.modules import _k_chunks, per_sample_grads, rows_in
+from laplace_lab.laplace.plan_terms import MemoryPlan, backend_batch_bytes, glm_bytes_per_input
 from laplace_lab.laplace.priors import to_diag
 from laplace_lab.laplace.structures.base import Structure, register
 
@@ -98,8 +99,6 @@ class FullStructure(Structure):
         from ``[C^2, d^2]`` float64 sums, their permuted copy and, with a bias, the assembled block
         (about ``4 P^2`` float64 in all). Predictive / sampling: the precision and its Cholesky
         factor or inverse, two more ``[P, P]`` float64."""
-        from laplace_lab.laplace.plan import MemoryPlan, backend_batch_bytes, glm_bytes_per_input
-
         b, P, N, K = shape.itemsize, shape.n_params, batch, n_factors
         dense = 8 * P * P
         parts = backend_batch_bytes(shape, batch, n_factors, cls.factor_chunks)

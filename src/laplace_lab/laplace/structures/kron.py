@@ -27,6 +27,7 @@ import torch
 
 from laplace_lab.laplace.modules import diag_sq, is_kfac_module, kfac_factors
 from laplace_lab.laplace.options import KfacApprox
+from laplace_lab.laplace.plan_terms import MemoryPlan, backend_batch_bytes, glm_bytes_per_input
 from laplace_lab.laplace.priors import per_layer
 from laplace_lab.laplace.structures.base import Structure, register
 
@@ -349,8 +350,6 @@ class KronStructure(Structure):
         peak: the larger of (raw sums + one batch + one layer's new factors and their sums) and (raw sums + eigenbases + the largest ``eigh``'s input copy and
         workspace, about ``3 d^2``). Predictive: the inverse eigenvalues ``[d_out, d_in]`` per
         layer; samples: three ``[P]`` vectors per draw."""
-        from laplace_lab.laplace.plan import MemoryPlan, backend_batch_bytes, glm_bytes_per_input
-
         b, P = shape.itemsize, shape.n_params
         kf = [lay for lay in shape.layers if lay.kfac]
         raw = sum(lay.d_in ** 2 + lay.d_out ** 2 for lay in kf) + sum(lay.numel for lay in shape.layers
