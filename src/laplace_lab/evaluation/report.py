@@ -7,8 +7,9 @@
   (config, skipped sections with reasons, figure and table names, wall time);
 - on ``finalize()``, logs the scalars with ``logger.log_metrics`` to every Lightning logger
   (``CSVLogger``, ``WandbLogger``, TensorBoard, ...; ``save()`` is called so the CSV is flushed),
-  and for a ``WandbLogger`` also the figures as ``wandb.Image`` under ``figures/<name>`` and the
-  tables as ``wandb.Table`` under ``tables/<name>``, in one ``wandb.log`` call.
+  and for a W&B logger (Lightning's ``WandbLogger`` or ``reporting.wandb_run.PlainWandbLogger``)
+  also the figures as ``wandb.Image`` under ``figures/<name>`` and the tables as ``wandb.Table``
+  under ``tables/<name>``, in one ``wandb.log`` call.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import csv
 import json
 import logging
 import math
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -26,12 +26,9 @@ from typing import Any
 import pandas as pd
 from matplotlib.figure import Figure
 
+from laplace_lab.reporting.wandb_run import is_wandb_logger
+
 log = logging.getLogger(__name__)
-
-
-def _is_wandb_logger(lg) -> bool:
-    loggers = sys.modules.get("pytorch_lightning.loggers")  # not imported: lg cannot be one (no import here)
-    return loggers is not None and isinstance(lg, loggers.WandbLogger)
 
 
 class Reporter:
@@ -102,7 +99,7 @@ class Reporter:
         with open(self.out_dir / "eval_report.json", "w") as f:
             json.dump(report, f, indent=1)
         for lg in self.loggers:
-            if _is_wandb_logger(lg):
+            if is_wandb_logger(lg):
                 self._log_wandb(lg, metrics)
             else:
                 lg.log_metrics(metrics, step=self.step)
