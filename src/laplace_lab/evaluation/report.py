@@ -31,6 +31,17 @@ from laplace_lab.reporting.wandb_run import is_wandb_logger
 log = logging.getLogger(__name__)
 
 
+def fill_balanced(text: str, width: int) -> str:
+    """``text`` on as few lines of at most ``width`` characters as ``textwrap`` needs, the lines about
+    equally long (no last line of one short word, e.g. "(MC)"), words and hyphenated names kept whole."""
+    n_lines = len(textwrap.wrap(text, width, break_on_hyphens=False)) or 1
+    for w in range(-(-len(text) // n_lines), width + 1):
+        lines = textwrap.wrap(text, w, break_on_hyphens=False)
+        if len(lines) <= n_lines:
+            return "\n".join(lines)
+    return textwrap.fill(text, width, break_on_hyphens=False)
+
+
 class Reporter:
     def __init__(self, out_dir: str | Path, loggers: Any = None, step: int | None = None, label: str = ""):
         self.label = label  # the data set and predictors, above every figure's own title
@@ -60,7 +71,7 @@ class Reporter:
         if self.label:  # every figure names the run's data set and Laplace predictive
             own = fig._suptitle.get_text() if fig._suptitle is not None else ""
             width = max(int(fig.get_figwidth() * 11), 30)
-            label = "\n".join(textwrap.fill(part, width) for part in self.label.split("; "))
+            label = "\n".join(fill_balanced(part, width) for part in self.label.split("; "))
             fig.suptitle(f"{label}\n{own}" if own else label, fontsize="medium")
         path = self.out_dir / "figures" / f"{name}.png"
         fig.savefig(path, dpi=110)

@@ -40,18 +40,37 @@ def flatten_config(data: dict, sep: str = ".") -> dict[str, Any]:
     return flat
 
 
-def _multirun_job_name() -> str | None:
-    """The job's folder name (``sweeps.run_only.job_dirname``) when this run is a job of a Hydra multirun."""
+def multirun_overrides() -> list[str] | None:
+    """The task overrides of this run when it is a job of a Hydra multirun (None otherwise)."""
     try:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
     except ImportError:  # pragma: no cover
         return None
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        from laplace_lab.sweeps.run_only import job_dirname
-
-        return job_dirname(HydraConfig.get().overrides.task)
+        return list(HydraConfig.get().overrides.task)
     return None
+
+
+def swept_values() -> list[str]:
+    """A multirun job's ``key=value`` overrides as its folder name has them (normalised, run-only keys
+    left out: ``sweeps.run_only.normalized_overrides``); ``[]`` outside a multirun."""
+    overrides = multirun_overrides()
+    if not overrides:
+        return []
+    from laplace_lab.sweeps.run_only import normalized_overrides
+
+    return normalized_overrides(overrides)
+
+
+def _multirun_job_name() -> str | None:
+    """The job's folder name (``sweeps.run_only.job_dirname``) when this run is a job of a Hydra multirun."""
+    overrides = multirun_overrides()
+    if overrides is None:
+        return None
+    from laplace_lab.sweeps.run_only import job_dirname
+
+    return job_dirname(overrides)
 
 
 def build_loggers(run: RunConfig, output_dir: Path, plain: bool = False) -> list:
