@@ -19,7 +19,7 @@ from typing import Any
 from laplace_lab.config.schema import RunConfig
 from laplace_lab.io import quiet_logs
 from laplace_lab.reporting.csv_metrics import CSVMetricsLogger
-from laplace_lab.reporting.wandb_run import PlainWandbLogger, init_settings, is_wandb_logger
+from laplace_lab.reporting.wandb_run import PlainWandbLogger, is_wandb_logger
 
 log = logging.getLogger(__name__)
 WANDB_MODES = ("offline", "online", "disabled")
@@ -90,7 +90,7 @@ def build_loggers(run: RunConfig, output_dir: Path, plain: bool = False) -> list
     if wandb.enabled and wandb.mode != "disabled":
         init = dict(project=wandb.project, entity=wandb.entity, group=wandb.group, job_type=wandb.job_type,
                     tags=list(wandb.tags), name=_multirun_job_name(), mode=wandb.mode,
-                    config=flatten_config(run.raw), settings=init_settings())
+                    config=flatten_config(run.raw))
         if plain:
             loggers.append(PlainWandbLogger(str(output_dir), **init))
         else:
