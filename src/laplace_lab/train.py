@@ -35,7 +35,7 @@ from laplace_lab.evaluation.summary import laplace_summary
 from laplace_lab.io import quiet_logs
 from laplace_lab.io.atomic import write_text_atomic
 from laplace_lab.io.eta import PhaseLog, attached_to_terminal
-from laplace_lab.reporting.run_loggers import build_loggers, finish_loggers
+from laplace_lab.reporting.run_loggers import build_loggers, finish_loggers, swept_values
 from laplace_lab.sweeps.devices import check_accelerator
 from laplace_lab.sweeps.jobs import is_multirun, job_checkpoint_dir, record_devices, run_tracked
 from laplace_lab.sweeps.ray_launch import patch_ray_launcher
@@ -190,7 +190,7 @@ def evaluate(job: RunConfig, module: MAPCore, datamodule: LabDataModule, la, log
         dataset=getattr(datamodule, "name", None), data_dir=job.paths.data_dir,
         input_range=datamodule.input_range, toy_data=datamodule.train_set.tensors if is_toy2d else None,
         step=step, landscape=landscape, on_eta=on_eta,
-        label=run_label(job.raw, module.likelihood, job.needs_posthoc_laplace),
+        label=run_label(job.raw, module.likelihood, job.needs_posthoc_laplace, swept_values()),
     )
 
 

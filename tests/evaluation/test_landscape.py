@@ -257,7 +257,7 @@ def test_run_evaluation_draws_and_logs_the_landscape(tmp_path, image_data, image
     la.fit(DataLoader(train, batch_size=64))
     cfg = {"progress": False, "ood": {"enabled": False}, "shift": {"rotation": {"enabled": False}},
            "landscape": {"enabled": True, "grid_points": 5, "grid_points_1d": 5, "n_train": 100, "n_test": 50, "html": True}}
-    wandb_logger = WandbLogger(save_dir=str(tmp_path), offline=True, project="laplace-lab-test")
+    wandb_logger = WandbLogger(save_dir=str(tmp_path), offline=True, mode="offline", project="laplace-lab-test")
     out = tmp_path / "out"
     metrics = run_evaluation(cfg, "classification", predictors, test_loader, out_dir=out, logger=wandb_logger,
                              dataset="toy_images", landscape=LandscapeInputs(la, train, test))

@@ -35,7 +35,7 @@ def _png_ok(path):
 def test_full_classification_run_logs_everywhere(tmp_path, image_setup):
     model, predictors, test_loader, ood_loaders = image_setup
     csv_logger = CSVLogger(tmp_path / "csv", name="run")
-    wandb_logger = WandbLogger(save_dir=str(tmp_path), offline=True, project="laplace-lab-test")
+    wandb_logger = WandbLogger(save_dir=str(tmp_path), offline=True, mode="offline", project="laplace-lab-test")
     out = tmp_path / "out"
     metrics = run_evaluation(SMALL, "classification", predictors, test_loader, ood_loaders, model, out,
                              logger=[csv_logger, wandb_logger], dataset="toy_images")

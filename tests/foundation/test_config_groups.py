@@ -60,6 +60,7 @@ def test_experiment_presets_compose():
         OmegaConf.resolve(cfg)
         load_run_config(cfg)
         assert cfg.experiment_name == preset.stem and cfg.aggregate.name == preset.stem
+        assert cfg.logger.wandb.enabled, f"{preset.stem}: every preset logs to an offline W&B run"
         validate_aggregate(OmegaConf.to_container(cfg.aggregate))
 
 
