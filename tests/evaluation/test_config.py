@@ -1,5 +1,5 @@
 """Config group conf/evaluation/: every option file composes and validates; bad values fail early,
-naming the option and the allowed values; the schema (config.eval_schema) is the one place of the defaults."""
+naming the option and the allowed values; the schema (evaluation.options) is the one place of the defaults."""
 
 from pathlib import Path
 
@@ -7,8 +7,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from laplace_lab.config.eval_schema import EvalConfig, evaluation_config
 from laplace_lab.config.fields import defaults
+from laplace_lab.evaluation.options import EvalConfig, evaluation_config
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 PRESETS = ["default", "full", "regression", "toy2d", "none"]

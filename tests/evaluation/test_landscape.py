@@ -14,7 +14,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import laplace_lab.train as train_mod
 import laplace_lab.training.build as build_mod
-from laplace_lab.config.eval_schema import LandscapeConfig, check_landscape_run, evaluation_config
 from laplace_lab.evaluation.landscape import (
     SliceLoss,
     _head_module,
@@ -22,6 +21,7 @@ from laplace_lab.evaluation.landscape import (
     filter_normalized_direction,
     landscape_directions,
 )
+from laplace_lab.evaluation.options import LandscapeConfig, check_landscape_run, evaluation_config
 from laplace_lab.laplace import Laplace
 
 SIGMA, T, DELTA = 0.3, 1.3, 0.7

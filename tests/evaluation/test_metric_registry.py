@@ -12,10 +12,10 @@ import json
 import pytest
 import torch
 
-from laplace_lab.config.eval_schema import evaluation_config
 from laplace_lab.evaluation import EvalData, EvaluationPlan, run_evaluation
 from laplace_lab.evaluation import metric_registry as R
 from laplace_lab.evaluation import metrics as M
+from laplace_lab.evaluation.options import evaluation_config
 from laplace_lab.evaluation.summary import format_summary
 from laplace_lab.reporting import model_selection, tables
 from tests.reporting.test_tables import make_job

@@ -11,7 +11,6 @@ from pytorch_lightning.loggers import CSVLogger, WandbLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from laplace_lab.config.eval_schema import evaluation_config
 from laplace_lab.evaluation import (
     EvalData,
     EvaluationPlan,
@@ -19,6 +18,7 @@ from laplace_lab.evaluation import (
     run_evaluation,
     toy2d_contours,
 )
+from laplace_lab.evaluation.options import evaluation_config
 from laplace_lab.evaluation.predict import eval_mode
 
 SMALL = {

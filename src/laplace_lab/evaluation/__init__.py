@@ -34,12 +34,12 @@ Entry point
 ``run_evaluation(plan, logger=..., step=..., device=..., on_eta=...) -> {key: float}`` with keys
 ``<section>/<view>/<predictor>/<metric>`` (``test/<predictor>/<metric>``); the full key table is in
 ``runner``'s docstring. ``plan`` is an ``EvaluationPlan`` (``plan``): the options (an ``EvalConfig``,
-declared with their defaults and ranges in ``laplace_lab.config.eval_schema`` and checked when the
+declared with their defaults and ranges in ``evaluation.options`` and checked when the
 run's config is read), the task, the predictors, the rows (``EvalData``) and the output folder.
 
 Example (``training.eval_plan.evaluation_plan`` builds a run's plan)::
 
-    from laplace_lab.config.eval_schema import evaluation_config
+    from laplace_lab.evaluation.options import evaluation_config
     from laplace_lab.evaluation import EvalData, EvaluationPlan, run_evaluation
     predictors = {"map": lambda x: model(x).softmax(-1),
                   "la": lambda x: la(x, pred_type="glm", link_approx="probit")}
@@ -59,10 +59,11 @@ Modules: ``plan`` (what to evaluate), ``metrics`` (each declared once in ``metri
 """
 
 from laplace_lab import lazy_attributes
+from laplace_lab.evaluation.options import EvalConfig, evaluation_config
 from laplace_lab.evaluation.plan import EvalData, EvaluationPlan, LandscapeInputs, TargetUnits
 
-__all__ = ["EvalData", "EvaluationPlan", "LandscapeInputs", "TargetUnits", "metric_key", "run_evaluation",
-           "toy2d_contours"]
+__all__ = ["EvalConfig", "EvalData", "EvaluationPlan", "LandscapeInputs", "TargetUnits", "evaluation_config",
+           "metric_key", "run_evaluation", "toy2d_contours"]
 # ``runner`` / ``toy2d`` names on first use (they import pandas and matplotlib)
 __getattr__ = lazy_attributes(__name__, {"metric_key": "laplace_lab.evaluation.runner",
                                          "run_evaluation": "laplace_lab.evaluation.runner",

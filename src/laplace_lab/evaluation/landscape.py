@@ -51,7 +51,6 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -61,6 +60,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm import tqdm
 
+from laplace_lab.evaluation.options import LandscapeConfig
 from laplace_lab.evaluation.predict import eval_mode
 
 log = logging.getLogger(__name__)
@@ -83,9 +83,8 @@ def filter_normalized_direction(params: list[Tensor], generator: torch.Generator
     return torch.cat(parts)
 
 
-def landscape_directions(la, cfg: Any) -> tuple[Tensor, list[str]]:
-    """``(D [k, P], labels)``: the ``cfg.n_directions`` directions over ``la``'s subset (``cfg``: the
-    ``evaluation.landscape`` options, ``config.eval_schema.LandscapeConfig``)."""
+def landscape_directions(la, cfg: LandscapeConfig) -> tuple[Tensor, list[str]]:
+    """``(D [k, P], labels)``: the ``cfg.n_directions`` directions over ``la``'s subset."""
     k = cfg.n_directions
     if cfg.directions == "random":
         g = torch.Generator().manual_seed(cfg.seed)
@@ -309,16 +308,15 @@ def _axis(half: float, n: int) -> np.ndarray:
     return np.linspace(-half, half, n)
 
 
-def _posterior_halves(cfg: Any, Q: Tensor) -> list[float]:
+def _posterior_halves(cfg: LandscapeConfig, Q: Tensor) -> list[float]:
     if cfg.posterior_extent is not None:
         return [cfg.posterior_extent] * Q.shape[0]
     return [cfg.posterior_n_std / math.sqrt(float(Q[i, i])) for i in range(Q.shape[0])]
 
 
-def compute_landscape(la, inputs_train: Dataset, inputs_test: Dataset, cfg: Any,
+def compute_landscape(la, inputs_train: Dataset, inputs_test: Dataset, cfg: LandscapeConfig,
                       chunk_size: int = 256, progress: bool = False) -> Landscape:
-    """Every slice of ``cfg`` (``config.eval_schema.LandscapeConfig``) around ``la``'s MAP (``la`` fitted;
-    its model's weights are the MAP)."""
+    """Every slice of ``cfg`` around ``la``'s MAP (``la`` fitted; its model's weights are the MAP)."""
     la.check_fitted()
     with eval_mode(la.model):
         return _compute(la, inputs_train, inputs_test, cfg, chunk_size, progress)

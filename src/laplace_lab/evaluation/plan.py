@@ -1,6 +1,6 @@
 """What one evaluation runs: :class:`EvaluationPlan`, the argument of ``runner.run_evaluation``.
 
-A plan holds the evaluation options (an ``EvalConfig``, ``config.eval_schema``), the task, the
+A plan holds the evaluation options (an ``EvalConfig``, ``options``), the task, the
 predictors, the rows (:class:`EvalData`), the network FGSM attacks, the landscape's inputs and where
 the files go. It is checked when it is made (task, predictors, input range), before any prediction.
 Light to import: no pandas or matplotlib.
@@ -8,7 +8,7 @@ Light to import: no pandas or matplotlib.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,17 +16,10 @@ from typing import Any
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from laplace_lab.evaluation.options import EvalConfig, is_input_range
+
 TASKS = ("classification", "regression")
 FROM_CONFIG = "config"  # EvalData.input_range: take evaluation.input_range
-
-
-def is_input_range(value: Any) -> bool:
-    """``[low, high]`` (a list or tuple of two numbers) with ``low < high``."""
-    if not isinstance(value, (list, tuple)) or len(value) != 2:
-        return False
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-        return False
-    return value[0] < value[1]
 
 
 @dataclass(frozen=True)
@@ -78,14 +71,13 @@ class LandscapeInputs:
 
 @dataclass(frozen=True)
 class EvaluationPlan:
-    """One evaluation: ``config`` (an ``EvalConfig``: ``config.eval_schema.evaluation_config`` reads one
-    from a dict), ``task`` (classification | regression), ``predictors`` (``{name: predictor}``, the
+    """One evaluation: ``config`` (the options: ``options.evaluation_config`` reads them from a dict), ``task`` (classification | regression), ``predictors`` (``{name: predictor}``, the
     contract in the package docstring), ``data``, ``attack_model`` (what FGSM attacks: a logits
     ``nn.Module`` or a probs predictor; None: ``predictors["map"]`` if present), ``landscape`` (the
     fitted Laplace and rows for ``evaluation.landscape``; None: skipped), ``out_dir`` (figures, tables
     and metric files) and ``label`` (the run's data set and predictive, above every figure's title)."""
 
-    config: Any
+    config: EvalConfig
     task: str
     predictors: dict[str, Callable]
     data: EvalData
@@ -95,8 +87,8 @@ class EvaluationPlan:
     label: str = ""
 
     def __post_init__(self):
-        if isinstance(self.config, Mapping) or not hasattr(self.config, "ood"):
-            raise TypeError(f"EvaluationPlan.config must be an EvalConfig (config.eval_schema.evaluation_config "
+        if not isinstance(self.config, EvalConfig):
+            raise TypeError(f"EvaluationPlan.config must be an EvalConfig (evaluation.options.evaluation_config "
                             f"reads one from a dict); got {type(self.config).__name__}")
         if self.task not in TASKS:
             raise ValueError(f"task={self.task!r} is not supported; allowed: {list(TASKS)}")

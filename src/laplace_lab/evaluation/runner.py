@@ -110,7 +110,7 @@ def _norm_name(name: str | None) -> str:
 
 
 class _Context:
-    """What every section needs; built once by ``run_evaluation``. ``cfg``: the plan's ``EvalConfig``."""
+    """What every section needs; built once by ``run_evaluation``. ``cfg``: the plan's options."""
 
     def __init__(self, plan: EvaluationPlan, rep: Reporter, device, on_eta: Callable[[float | None], None] | None):
         self.cfg, self.predictors, self.data = plan.config, plan.predictors, plan.data

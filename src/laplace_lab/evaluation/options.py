@@ -1,5 +1,5 @@
-"""The ``evaluation`` group's schema: each option's type, default and allowed values declared once
-(``fields.option``), as for the groups of ``config.schema``.
+"""The ``evaluation`` group's options: each option's type, default and allowed values declared once
+(``io.fields.option``), as for the groups of ``config.schema`` (which lists ``EvalConfig`` in ``GROUPS``).
 
 ``config.store`` registers the defaults as the ``schema/evaluation`` node that ``conf/evaluation/*.yaml``
 list first (each file keeps only what differs), and ``config.load`` reads the composed node into a
@@ -19,14 +19,22 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from laplace_lab.config.fields import build, group, option
 from laplace_lab.evaluation.adversarial import ATTACK_OUTPUTS
-from laplace_lab.evaluation.plan import is_input_range
+from laplace_lab.io.fields import build, group, option
 
 POSITIVE = {"low": 0, "low_open": True}  # a number > 0
 LANDSCAPE_DIRECTIONS = ("random", "eigen")
 LANDSCAPE_BIASES = ("zero", "weights")
 INPUT_RANGE_MESSAGE = "{name}={value!r} is not supported; allowed: [low, high] with low < high, or null (unbounded inputs)"
+
+
+def is_input_range(value: Any) -> bool:
+    """``[low, high]`` (a list or tuple of two numbers) with ``low < high``."""
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        return False
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return False
+    return value[0] < value[1]
 
 
 @dataclass(frozen=True)
