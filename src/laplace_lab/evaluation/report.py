@@ -7,7 +7,7 @@
   (config, skipped sections with reasons, figure and table names, wall time);
 - on ``finalize()``, logs the scalars with ``logger.log_metrics`` to every Lightning logger
   (``CSVLogger``, ``WandbLogger``, TensorBoard, ...; ``save()`` is called so the CSV is flushed),
-  and for a W&B logger (Lightning's ``WandbLogger`` or ``reporting.wandb_run.PlainWandbLogger``)
+  and for a W&B logger (Lightning's ``WandbLogger`` or ``io.wandb_run.PlainWandbLogger``)
   also the figures as ``wandb.Image`` under ``figures/<name>`` and the tables as ``wandb.Table``
   under ``tables/<name>``, in one ``wandb.log`` call.
 """
@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 from matplotlib.figure import Figure
 
-from laplace_lab.reporting.wandb_run import is_wandb_logger
+from laplace_lab.io.wandb_run import is_wandb_logger
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from typing import Any
 from laplace_lab.config.schema import RunConfig
 from laplace_lab.io import quiet_logs
 from laplace_lab.reporting.csv_metrics import CSVMetricsLogger
-from laplace_lab.reporting.wandb_run import PlainWandbLogger, is_wandb_logger
+from laplace_lab.io.wandb_run import PlainWandbLogger, is_wandb_logger
 
 log = logging.getLogger(__name__)
 WANDB_MODES = ("offline", "online", "disabled")

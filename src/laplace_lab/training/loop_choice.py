@@ -11,7 +11,7 @@ process (a data module that declares ``in_memory``: UCI, sinusoid, toy2d); one C
 loop runs as Lightning does (``PLAIN_TRAINER``: no gradient clipping, all batches, validation
 at epoch ends, no model summary, ...); no checkpoints (saving or resuming), no augmentation
 callback, no fused online marglik. A W&B run is no reason for Lightning: the plain loop logs to
-its own (``reporting.wandb_run.PlainWandbLogger``).
+its own (``io.wandb_run.PlainWandbLogger``).
 """
 
 from __future__ import annotations
