@@ -1,4 +1,4 @@
-"""experiments/laplace_redux/peer/run_authors_uq.py: our LeNet in the authors' layout gives the same
+"""experiments/redux_mnist/peer/run_authors_uq.py: our LeNet in the authors' layout gives the same
 logits, the run-time patch applies exactly once (else stops), uq.py's results and our metrics map to
 the peer CSV's columns, and the committed CSV names no machine path."""
 

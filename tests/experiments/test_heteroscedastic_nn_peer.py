@@ -1,4 +1,4 @@
-"""The Immer et al. 2023 peer (``experiments/heteroscedastic/peer/heteroscedastic_nn_peer.py``): its
+"""The Immer et al. 2023 peer (``experiments/heteroscedastic_uci/peer/heteroscedastic_nn_peer.py``): its
 side=ours rows come from a ``heteroscedastic_uci`` jobs CSV, for the splits the authors' code runs."""
 
 from __future__ import annotations

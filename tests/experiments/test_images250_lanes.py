@@ -1,4 +1,4 @@
-"""experiments/immer2021/images250_lanes.py: its two lanes hold exactly the immer2021_images
+"""experiments/immer2021_images/images250_lanes.py: its two lanes hold exactly the immer2021_images
 preset's sweep plus the two smaller online-marglik candidates, and every job composes."""
 
 from __future__ import annotations

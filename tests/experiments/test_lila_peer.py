@@ -1,4 +1,4 @@
-"""The LILA peer (``experiments/immer2022_invariance/peer/lila_peer.py``): its committed command
+"""The LILA peer (``experiments/immer2022_invariance_cpu/peer/lila_peer.py``): its committed command
 lines hold no machine path, the authors' flags follow our CPU cut, and its side=ours rows come
 from the jobs CSV (modes none and learned, never fixed)."""
 

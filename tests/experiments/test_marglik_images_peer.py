@@ -1,4 +1,4 @@
-"""The Immer et al. 2021 images peer (``experiments/immer2021/peer/marglik_images_peer.py``): the
+"""The Immer et al. 2021 images peer (``experiments/immer2021_images_peer_cut/peer/marglik_images_peer.py``): the
 preset our side runs has the cut and the marglik settings the peer script gives laplace-torch's
 ``marglik_training``, and its side=ours rows come from a jobs CSV."""
 

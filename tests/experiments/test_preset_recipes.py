@@ -169,7 +169,7 @@ def test_mola_members_follow_the_redux_recipe():
 
 @pytest.mark.slow  # ~20 s: eigendecompositions of the 3073 x 3073 input factor of 3 x 32 x 32 fake images
 def test_images_peer_check_matches_laplace_torch(tmp_path):
-    """experiments/immer2021/laplace_torch_images_check.py on a small finished online_kron job
+    """experiments/immer2021_images_peer_cut/laplace_torch_images_check.py on a small finished online_kron job
     (fake images): our final Laplace and laplace-torch's KronLaplace agree."""
     from laplace_lab.train import run
     from tests.conftest import compose_config

@@ -220,7 +220,7 @@ def test_model_selection_section_in_markdown(sweep, tmp_path):
 
 
 def test_cli_preset_takes_the_aggregate_block(sweep, tmp_path, capsys, repo):
-    sha = commit_files(repo, {"conf/experiment/redux_mnist.yaml": "x: 1\n"})
+    sha = commit_files(repo, {"experiments/redux_mnist/preset.yaml": "x: 1\n"})
     for job in finished_jobs(sweep):
         set_git(job, sha)
     out = tmp_path / "res"
@@ -238,8 +238,8 @@ def test_cli_preset_takes_the_aggregate_block(sweep, tmp_path, capsys, repo):
 
 
 def test_refuses_jobs_from_two_commits_unless_allow_mixed(sweep, tmp_path, repo):
-    a = commit_files(repo, {"conf/experiment/toy.yaml": "a: 1\n"})
-    b = commit_files(repo, {"conf/experiment/toy.yaml": "a: 2\n"})
+    a = commit_files(repo, {"experiments/toy/preset.yaml": "a: 1\n"})
+    b = commit_files(repo, {"experiments/toy/preset.yaml": "a: 2\n"})
     jobs = finished_jobs(sweep)
     for job in jobs:
         set_git(job, a)
@@ -260,7 +260,7 @@ def test_refuses_jobs_from_two_commits_unless_allow_mixed(sweep, tmp_path, repo)
 
 
 def test_refuses_dirty_or_unchecked_jobs(sweep, tmp_path, repo):
-    sha = commit_files(repo, {"conf/experiment/toy.yaml": "a: 1\n"})
+    sha = commit_files(repo, {"experiments/toy/preset.yaml": "a: 1\n"})
     jobs = finished_jobs(sweep)
     for job in jobs:
         set_git(job, sha)
@@ -277,11 +277,11 @@ def test_refuses_dirty_or_unchecked_jobs(sweep, tmp_path, repo):
 
 
 def test_refuses_a_commit_without_the_preset(sweep, tmp_path, repo):
-    before = commit_files(repo, {"conf/experiment/other.yaml": "a: 1\n"})
-    commit_files(repo, {"conf/experiment/toy.yaml": "a: 1\n"})
+    before = commit_files(repo, {"experiments/other/preset.yaml": "a: 1\n"})
+    commit_files(repo, {"experiments/toy/preset.yaml": "a: 1\n"})
     for job in finished_jobs(sweep):
         set_git(job, before)
-    with pytest.raises(tables.ProvenanceError, match=rf"commit {before} does not contain conf/experiment/toy.yaml"):
+    with pytest.raises(tables.ProvenanceError, match=rf"commit {before} does not contain experiments/toy/preset.yaml"):
         tables.aggregate([sweep], "toy", preset="toy", results_dir=tmp_path / "r")
     tables.aggregate([sweep], "toy", preset="other", results_dir=tmp_path / "r")  # it has that one
 
@@ -325,7 +325,7 @@ def test_git_state_leaves_ones_own_untracked_folder_out(tmp_path):
     (root / "scratch" / "deep" / "try.py").write_text("import laplace_lab\n")
     (root / "notes.md").write_text("mine\n")
     assert git_state(root)["dirty"] is False
-    for path in ("src/laplace_lab/new.py", "conf/experiment/mine.yaml", "laplace_helper.py"):
+    for path in ("src/laplace_lab/new.py", "experiments/mine/preset.yaml", "laplace_helper.py"):
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text("x = 2\n")
         state = git_state(root)
@@ -434,7 +434,7 @@ def test_end_of_sweep_table_goes_into_the_sweep_folder_with_this_launch(sweep, t
     text = md.read_text()
     assert "runs: 4 finished jobs" in text  # the L0 job belongs to another launch
     # abc1234 is not a commit of the repository: stated in the header, not refused, at the end of a sweep
-    assert "provenance: NOT ONE CLEAN COMMIT" in text and "does not contain conf/experiment/toy.yaml" in text
+    assert "provenance: NOT ONE CLEAN COMMIT" in text and "does not contain experiments/toy/preset.yaml" in text
     assert "No `experiments/*/reference*.yaml` names preset `toy`: no verdicts." in text
 
 
@@ -554,7 +554,7 @@ def test_numbers_written_differently_are_one_group(tmp_path):
 
 
 def test_reference_section_from_the_preset_files(sweep, tmp_path, repo):
-    sha = commit_files(repo, {"conf/experiment/toy.yaml": "a: 1\n"})
+    sha = commit_files(repo, {"experiments/toy/preset.yaml": "a: 1\n"})
     for job in finished_jobs(sweep):
         set_git(job, sha)
     refs = {"preset": "toy", "references": [

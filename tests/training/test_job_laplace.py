@@ -1,5 +1,5 @@
 """A finished online-marglik job's final Laplace rebuilt from its folder (training/job_laplace.py),
-and experiments/immer2021/marglik_terms.py on it: the refit is the run's own Laplace."""
+and experiments/immer2021_uci/marglik_terms.py on it: the refit is the run's own Laplace."""
 
 from __future__ import annotations
 

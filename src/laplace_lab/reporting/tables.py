@@ -11,7 +11,7 @@ never a path (``io.names``). Only ``--commit-results`` writes into the repositor
 ``<name>_<suffix>``, a variant of it), and it refuses to replace a committed table by one with fewer jobs, seeds or rows unless ``--allow-smaller``
 (``table_commit``). The jobs must come from one clean commit (no
 modified, untracked, or ignored package files at job start) that contains
-``conf/experiment/<preset>.yaml``, and from one launch command (less run-only overrides), or the
+the preset (``experiments/<preset>/preset.yaml``), and from one launch command (less run-only overrides), or the
 command refuses: ``--allow-mixed`` / ``--allow-mixed-launches`` write anyway, with the problems in
 the header and the commit of every row. Non-finite metric values are left out of the cells (and
 counted, per run; an integer too large for a float counts as inf), unreadable job files are listed,
@@ -65,6 +65,8 @@ import yaml
 
 from laplace_lab.io.atomic import write_texts_together
 from laplace_lab.io.names import check_name, inside
+from laplace_lab.config.presets import EXPERIMENTS_DIR as PRESETS_DIR
+from laplace_lab.config.presets import preset_names, preset_path
 from laplace_lab.reporting import reference as ref
 from laplace_lab.reporting.derived_metrics import add_derived
 from laplace_lab.reporting.figures import TABLE_FIGURES
@@ -79,6 +81,7 @@ from laplace_lab.reporting.provenance import (
     launch_problems,
     portable_command,
     portable_path,
+    preset_files,
     run_commit,
     run_launches,
 )
@@ -111,7 +114,7 @@ MISSING = "-"
 ABSENT_METRICS = ("error", "omit")  # what aggregate does with a metric no run has
 COMMITTED_RESULTS = REPO_ROOT / "results"  # only --commit-results writes here
 TABLE_NAME = "table name (--name, aggregate.name)"
-EXPERIMENTS_DIR = REPO_ROOT / "experiments"
+EXPERIMENTS_DIR = PRESETS_DIR  # experiments/<preset>/: preset.yaml, reference*.yaml (config.presets)
 
 
 class ProvenanceError(ValueError):
@@ -468,7 +471,7 @@ def provenance_lines(name: str, prov: dict[str, Any]) -> list[str]:
                   "provenance: NOT ONE CLEAN COMMIT (the commit of each row is in its `commits` column): "
                   + "; ".join(prov["problems"] + launch_issues)]
     else:
-        contains = f"; contains conf/experiment/{prov['preset']}.yaml" if prov.get("preset") else ""
+        contains = f"; contains {preset_files(prov['preset'])[0]}" if prov.get("preset") else ""
         commit = [f"commit: {', '.join(prov['commits'])} (dirty: False)",
                   f"clean at job start: no modified, untracked or ignored package files{contains}"]
         if launch_issues:
@@ -749,18 +752,15 @@ def aggregate_sweep(sweep_dir: str | Path, spec: dict[str, Any], launch_id: str 
 
 
 def preset_file(preset: str) -> Path:
-    """``conf/experiment/<preset>.yaml``; a ValueError listing the presets when there is none."""
-    from laplace_lab.config import CONF_DIR
-
-    path = CONF_DIR / "experiment" / f"{preset}.yaml"
-    if not path.is_file():
-        allowed = sorted(f.stem for f in (CONF_DIR / "experiment").glob("*.yaml"))
-        raise ValueError(f"--preset {preset!r} is not a preset; allowed: {allowed}")
-    return path
+    """``experiments/<preset>/preset.yaml``; a ValueError listing the presets when there is none."""
+    try:
+        return preset_path(preset, EXPERIMENTS_DIR)
+    except ValueError:
+        raise ValueError(f"--preset {preset!r} is not a preset; allowed: {preset_names(EXPERIMENTS_DIR)}") from None
 
 
 def preset_spec(preset: str) -> dict[str, Any]:
-    """The ``aggregate`` block of ``conf/experiment/<preset>.yaml`` (what its multirun uses)."""
+    """The ``aggregate`` block of ``experiments/<preset>/preset.yaml`` (what its multirun uses)."""
     from omegaconf import OmegaConf
 
     path = preset_file(preset)
@@ -798,7 +798,7 @@ def main(argv: list[str] | None = None) -> None:
                         "outputs/<its experiment_name>/multirun)")
     p.add_argument("--preset", default=None,
                    help="take name, metrics, group-by, seed keys, figures and model selection from the "
-                        "`aggregate` block of conf/experiment/<preset>.yaml (explicit options win); adds the "
+                        "`aggregate` block of experiments/<preset>/preset.yaml (explicit options win); adds the "
                         "verdicts of experiments/*/reference.yaml files of the preset; the jobs' commit must "
                         "contain the preset")
     p.add_argument("--reference", type=Path, default=None,
