@@ -22,7 +22,7 @@ from laplace_lab.training import MAPModule
 from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "experiments" / "laplace_redux" / "laplace_torch_reference.py"
+SCRIPT = ROOT / "experiments" / "redux_mnist" / "laplace_torch_reference.py"
 
 
 @pytest.fixture(scope="module")

@@ -74,7 +74,7 @@ def _has_cuda() -> bool:
 def _preset_needs_gpu(command: str) -> bool:
     """The command's preset (``experiment=<name>``) selects ``trainer: gpu``."""
     found = re.findall(r"(?:^|\s)experiment=(\w+)", command)
-    preset = ROOT / "conf" / "experiment" / f"{found[-1]}.yaml" if found else None
+    preset = ROOT / "experiments" / found[-1] / "preset.yaml" if found else None
     return bool(preset and preset.is_file() and re.search(r"override /trainer: gpu", preset.read_text()))
 
 
@@ -253,6 +253,7 @@ NUMBERED_WORK = re.compile(r"\b(issue|session)[ -]\d+", re.I)
 
 @pytest.mark.parametrize("path", [*PAGES, *sorted((ROOT / "experiments").glob("**/README.md")),
                                   *sorted((ROOT / "src").rglob("*.py")), *sorted((ROOT / "conf").rglob("*.yaml")),
+                                  *sorted((ROOT / "experiments").glob("*/[ps][rm]*.yaml")),
                                   *sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py"))],
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_issue_or_session_numbers(path):

@@ -15,7 +15,7 @@ from laplace_lab.reporting import peer_pairs
 from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "experiments" / "laplace_redux" / "peer" / "run_authors_uq.py"
+SCRIPT = ROOT / "experiments" / "redux_mnist" / "peer" / "run_authors_uq.py"
 
 
 @pytest.fixture(scope="module")

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--print", action="store_true", help="print the commands, run nothing")
     args = p.parse_args(argv)
     checkout, root = args.checkout.resolve(), args.output_root.resolve()
-    if not (checkout / "conf" / "experiment" / "immer2021_images.yaml").is_file():
+    if not (checkout / "experiments" / "immer2021_images" / "preset.yaml").is_file():
         p.error(f"--checkout {checkout} has no experiments/immer2021_images/preset.yaml")
     sets = args.data or list(DATA)
     if args.print:

@@ -18,7 +18,7 @@ from laplace_lab.reporting import peer_pairs
 from tests.conftest import compose_config, load_script, write_jobs_csv
 
 ROOT = Path(__file__).resolve().parents[2]
-PEER = load_script(ROOT / "experiments" / "immer2021" / "peer" / "marglik_authors_uci.py")
+PEER = load_script(ROOT / "experiments" / "immer2021_uci" / "peer" / "marglik_authors_uci.py")
 
 # A stand-in for aleximmer/marglik's marglik.py: records its call, fits the Laplace it is given.
 FAKE_MARGLIK = '''

@@ -22,7 +22,7 @@ from tests.conftest import load_script, run_config
 from tests.test_redux_authors_peer import authors_layout
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "experiments" / "eschenhagen2021" / "peer" / "run_authors_mola.py"
+SCRIPT = ROOT / "experiments" / "eschenhagen2021_mnist_cpu" / "peer" / "run_authors_mola.py"
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,8 @@ from laplace_lab.reporting import provenance, tables
 from laplace_lab.reporting.sweep_table import SweepTable, validate_aggregate
 from laplace_lab.sweeps.callback import SweepSummary, summarize
 
+REAL_EXPERIMENTS = Path(tables.__file__).resolve().parents[3] / "experiments"
+
 # method -> seed -> metrics; "B" has one seed without test/la/nll
 VALUES = {
     ("mlp", "kron"): {0: {"test/map/acc": 0.91, "test/la/nll": 0.31}, 1: {"test/map/acc": 0.93, "test/la/nll": 0.27},
@@ -93,6 +95,9 @@ def repo(tmp_path, monkeypatch) -> Path:
     monkeypatch.setattr(provenance, "REPO_ROOT", root)
     monkeypatch.setattr(tables, "EXPERIMENTS_DIR", root / "experiments")
     monkeypatch.setattr(tables, "COMMITTED_RESULTS", root / "results")
+    for preset in sorted(REAL_EXPERIMENTS.glob("*/preset.yaml")):  # this repository's presets, untracked
+        (root / "experiments" / preset.parent.name).mkdir(parents=True)
+        shutil.copy(preset, root / "experiments" / preset.parent.name / "preset.yaml")
     return root
 
 
@@ -220,7 +225,8 @@ def test_model_selection_section_in_markdown(sweep, tmp_path):
 
 
 def test_cli_preset_takes_the_aggregate_block(sweep, tmp_path, capsys, repo):
-    sha = commit_files(repo, {"experiments/redux_mnist/preset.yaml": "x: 1\n"})
+    sha = commit_files(repo, {"experiments/redux_mnist/preset.yaml": (repo / "experiments" / "redux_mnist" /
+                                                                      "preset.yaml").read_text()})
     for job in finished_jobs(sweep):
         set_git(job, sha)
     out = tmp_path / "res"
@@ -325,7 +331,8 @@ def test_git_state_leaves_ones_own_untracked_folder_out(tmp_path):
     (root / "scratch" / "deep" / "try.py").write_text("import laplace_lab\n")
     (root / "notes.md").write_text("mine\n")
     assert git_state(root)["dirty"] is False
-    for path in ("src/laplace_lab/new.py", "experiments/mine/preset.yaml", "laplace_helper.py"):
+    for path in ("src/laplace_lab/new.py", "conf/experiment/mine.yaml", "experiments/mine/preset.yaml",
+                 "experiments/mine/smoke.yaml", "laplace_helper.py"):
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text("x = 2\n")
         state = git_state(root)
@@ -579,13 +586,13 @@ def test_reference_section_from_the_preset_files(sweep, tmp_path, repo):
 
 
 def test_committed_reference_files_are_valid():
-    from laplace_lab.config import CONF_DIR
+    from laplace_lab.config.presets import EXPERIMENTS_DIR
     from laplace_lab.reporting.reference import load_reference
 
     for path in sorted((provenance.REPO_ROOT / "experiments").glob("*/reference*.yaml")):
         loaded = load_reference(path)
         for preset in loaded["presets"]:
-            assert (CONF_DIR / "experiment" / f"{preset}.yaml").is_file(), f"{path}: no such preset {preset}"
+            assert (EXPERIMENTS_DIR / preset / "preset.yaml").is_file(), f"{path}: no such preset {preset}"
 
 
 def test_cli_refuses_with_a_message_and_commits_results_only_when_asked(sweep, tmp_path, repo, monkeypatch, capsys):

@@ -29,7 +29,7 @@ post-hoc config (the MNIST one is used for both); the MoLA paper's setting could
 
 Networks: member ``k`` of seed ``s`` is the MAP network our job ``data=<d>,seed=s`` trained with
 seed ``s + 1000 k`` (``training/ensemble.py``), found in the MAP cache as
-``../../laplace_redux/laplace_torch_reference.py`` finds a job's network (with the member's seed),
+``../../redux_mnist/laplace_torch_reference.py`` finds a job's network (with the member's seed),
 checked by our deep ensemble's test accuracy and NLL on the full test set against the job's
 ``test/de/*``, and written in the authors' layout where the patched ``uq.py`` loads it
 (``member_path``).
@@ -65,7 +65,7 @@ from omegaconf import OmegaConf
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
-REDUX_PEER = ROOT / "experiments" / "laplace_redux" / "peer"
+REDUX_PEER = ROOT / "experiments" / "redux_mnist" / "peer"
 
 
 def _load(path: Path, name: str):
