@@ -9,7 +9,8 @@ Tables go to the (first) multirun folder unless ``--results-dir``. A table name 
 never a path (``io.names``). Only ``--commit-results`` writes into the repository's ``results/`` (a
 ``--results-dir`` under it is refused), with ``--preset`` and that preset's own table name (or
 ``<name>_<suffix>``, a variant of it), and it refuses to replace a committed table by one with fewer jobs, seeds or rows unless ``--allow-smaller``
-(``table_commit``). The jobs must come from one clean commit (no
+(``table_commit``), and it refuses jobs of a smoke variant (``experiment=<preset>/smoke``: one seed,
+a few epochs; their table carries a "SMOKE RUN" section). The jobs must come from one clean commit (no
 modified, untracked, or ignored package files at job start) that contains
 the preset (``experiments/<preset>/preset.yaml``), and from one launch command (less run-only overrides), or the
 command refuses: ``--allow-mixed`` / ``--allow-mixed-launches`` write anyway, with the problems in
@@ -66,7 +67,7 @@ import yaml
 from laplace_lab.io.atomic import write_texts_together
 from laplace_lab.io.names import check_name, inside
 from laplace_lab.config.presets import EXPERIMENTS_DIR as PRESETS_DIR
-from laplace_lab.config.presets import preset_names, preset_path
+from laplace_lab.config.presets import is_smoke_choice, preset_names, preset_path
 from laplace_lab.reporting import reference as ref
 from laplace_lab.reporting.derived_metrics import add_derived
 from laplace_lab.reporting.figures import TABLE_FIGURES
@@ -666,6 +667,8 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     if not commit_results and out.resolve().is_relative_to(COMMITTED_RESULTS.resolve()):
         raise ValueError(f"{out} holds the committed tables: write there only with --commit-results "
                          "(commit_results=True), into results/ itself; by default tables go to the sweep folder")
+    smoke = is_smoke_choice(preset)
+    preset = preset.rsplit("/", 1)[0] if smoke else preset  # a smoke variant is judged by its preset's files
     references = _references(preset, reference)
     seeds = tuple(DEFAULT_SEED_KEYS if seed_keys is None else seed_keys)
     loaded = load_runs(dirs, launch_id)
@@ -674,6 +677,12 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
         raise ValueError(f"no finished runs (metrics.json with {STATUS_FILE} state 'finished') under "
                          f"{', '.join(map(str, dirs))}"
                          + "".join(f"; left out {p}: {why}" for p, why in loaded.unreadable))
+    smoke_runs = [r for r in runs if is_smoke_choice(r.choices.get("experiment"))]
+    if commit_results and (smoke or smoke_runs):
+        example = _relative(smoke_runs[0].path, dirs) if smoke_runs else str(dirs[0])
+        raise ProvenanceError(f"refusing to commit table {name!r}: {len(smoke_runs) or 'its'} job(s) ran a smoke "
+                              f"variant (experiment=<preset>/smoke, e.g. {example}): one seed and a few epochs, "
+                              "not a reproduction; commit the tables of the preset's own sweep")
     dups = duplicate_jobs(runs)
     if dups:
         raise ProvenanceError(_duplicates_message(dups, dirs))
@@ -712,7 +721,8 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     md, csv_path, jobs_path = settled_table(out, name)
     copied = copy_figures(runs, keys, list(figures or ()), seeds, out / f"{name}_figures")
     remove_stale_figures(out / f"{name}_figures", list(figures or ()), [p for _, _, p in copied])
-    sections = [*verdict_lines, *problems_markdown(loaded, nonfinite, dirs), *absent_markdown(unknown)]
+    sections = [*smoke_markdown(smoke_runs, preset), *verdict_lines, *problems_markdown(loaded, nonfinite, dirs),
+                *absent_markdown(unknown)]
     if model_selection is not None:
         sections += selection_markdown(rank_candidates(runs, model_selection, seeds), model_selection)
     if copied:
@@ -723,6 +733,16 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
                 jobs_path: jobs_csv(name, runs, keys, names, prov, dirs)}
     write_texts_together(contents, table_journal(out, name))  # rendered first, then visible together
     return [md, csv_path, jobs_path]
+
+
+def smoke_markdown(smoke_runs: list[Run], preset: str | None) -> list[str]:
+    """A warning section for a table with jobs of a smoke variant (``experiment=<preset>/smoke``)."""
+    if not smoke_runs:
+        return []
+    return ["", "## SMOKE RUN: not a reproduction", "",
+            f"{len(smoke_runs)} job(s) ran `experiment={preset or '<preset>'}/smoke` (one seed, a few epochs): "
+            "they show that the preset runs end to end; the numbers and verdicts below say nothing about the "
+            "paper. `--commit-results` refuses these jobs."]
 
 
 def remove_stale_figures(folder: Path, figures: list[str], written: list[Path]) -> list[Path]:
