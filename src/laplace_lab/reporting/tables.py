@@ -64,10 +64,10 @@ from typing import Any
 
 import yaml
 
-from laplace_lab.io.atomic import write_texts_together
-from laplace_lab.io.names import check_name, inside
 from laplace_lab.config.presets import EXPERIMENTS_DIR as PRESETS_DIR
 from laplace_lab.config.presets import is_smoke_choice, preset_names, preset_path
+from laplace_lab.io.atomic import write_texts_together
+from laplace_lab.io.names import check_name, inside
 from laplace_lab.reporting import reference as ref
 from laplace_lab.reporting.derived_metrics import add_derived
 from laplace_lab.reporting.figures import TABLE_FIGURES
