@@ -819,7 +819,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--preset", default=None,
                    help="take name, metrics, group-by, seed keys, figures and model selection from the "
                         "`aggregate` block of experiments/<preset>/preset.yaml (explicit options win); adds the "
-                        "verdicts of experiments/*/reference.yaml files of the preset; the jobs' commit must "
+                        "verdicts of experiments/*/reference*.yaml files of the preset; the jobs' commit must "
                         "contain the preset")
     p.add_argument("--reference", type=Path, default=None,
                    help="a reference.yaml to judge the table with (instead of the preset's)")
