@@ -4,8 +4,8 @@ and the committed tables: one row per preset, between the markers ``BEGIN`` and 
 A row: the preset (linked to its folder), the first ``# `` heading of its ``README.md`` (what it
 reproduces), its jobs, its cost, its smoke command and its verdicts. Jobs and cost come from the
 committed ``results/<aggregate.name>.jobs.csv`` (one row per job, ``wall_s``: each job's measured wall
-clock): the total over the jobs and the longest job, the jobs having run one after another on one
-machine; a preset without a committed table shows the size of its sweep and "not run". The smoke
+clock): the total over the jobs, which ran one after another on one machine (the longest job is in
+the table's header); a preset without a committed table shows the size of its sweep and "not run". The smoke
 cell is ``<preset>/smoke`` (``experiment=<preset>/smoke``) where the folder has a ``smoke.yaml``,
 with the time its ``# Measured:`` comment line records (none where not measured). The verdicts are
 ``results_summary.short_verdict`` of the same judgement as ``results/README.md``.
@@ -25,7 +25,7 @@ from laplace_lab.reporting.table_commit import settled_table
 
 BEGIN = "<!-- preset table: generated from experiments/<preset>/ by results_summary; do not edit -->"
 END = "<!-- end of the preset table -->"
-HEADER = ("| preset (write-up) | reproduces | jobs | cost (longest job) | smoke (time) | "
+HEADER = ("| preset (write-up) | reproduces | jobs | cost, all jobs | smoke (time) | "
           "verdicts ([results/README.md](results/README.md)) |")
 RULE = "|---|---|---|---|---|---|"
 MEASURED = "# Measured:"
@@ -116,7 +116,7 @@ def row(preset: Preset, results_dir: Path, verdicts: dict[str, str]) -> str:
         seconds = job_seconds(jobs_csv)
         lines = [line for line in jobs_csv.read_text().splitlines() if not line.startswith("#")]
         jobs = str(len(lines) - 1)
-        cost = f"{duration(sum(seconds))} ({duration(max(seconds))})" if seconds else "not recorded"
+        cost = duration(sum(seconds)) if seconds else "not recorded"
     else:
         jobs, cost = str(preset.sweep_jobs), "not run"
     cells = [f"[`{preset.name}`](experiments/{preset.name}/)", preset.title, jobs, cost, preset.smoke or "-",
