@@ -253,7 +253,8 @@ NUMBERED_WORK = re.compile(r"\b(issue|session)[ -]\d+", re.I)
 
 @pytest.mark.parametrize("path", [*PAGES, *sorted((ROOT / "experiments").glob("**/README.md")),
                                   *sorted((ROOT / "src").rglob("*.py")), *sorted((ROOT / "conf").rglob("*.yaml")),
-                                  *sorted((ROOT / "experiments").glob("*/[ps][rm]*.yaml")),
+                                  *sorted((ROOT / "experiments").glob("*/preset.yaml")),
+                                  *sorted((ROOT / "experiments").glob("*/smoke.yaml")),
                                   *sorted((ROOT / "tests").rglob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py"))],
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_issue_or_session_numbers(path):
