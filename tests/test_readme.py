@@ -243,7 +243,7 @@ def test_readme_reads_in_five_minutes():
     """At most 1,200 words (code blocks left out) and no paragraph over 80 words: the rest is in docs/."""
     text = re.sub(r"^```.*?^```", "", README.read_text(), flags=re.S | re.M)
     assert len(text.split()) <= 1200, len(text.split())
-    paragraphs = [p for p in re.split(r"\n\s*\n", text) if not p.lstrip().startswith(("|", "#"))]
+    paragraphs = [p for p in re.split(r"\n\s*\n", text) if not p.lstrip().startswith(("|", "#", "<!--"))]  # tables, headings, a generated table
     longest = max(paragraphs, key=lambda p: len(p.split()))
     assert len(longest.split()) <= 80, longest[:200]
 
