@@ -1,4 +1,4 @@
-"""experiments/laplace_redux/laplace_torch_reference.py: laplace-torch beside our evaluation on
+"""experiments/redux_mnist/laplace_torch_reference.py: laplace-torch beside our evaluation on
 one MAP network (tiny LeNet on fake images), the CSV row fields, the summary's reference entries
 and how a job's MAP cache entry is found."""
 
@@ -24,7 +24,7 @@ from laplace_lab.training import MAPModule
 from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "experiments" / "laplace_redux" / "laplace_torch_reference.py"
+SCRIPT = ROOT / "experiments" / "redux_mnist" / "laplace_torch_reference.py"
 
 
 @pytest.fixture(scope="module")

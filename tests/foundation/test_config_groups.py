@@ -53,14 +53,15 @@ def test_data_recipes_follow_their_data_option(recipe):
 
 
 def test_experiment_presets_compose():
-    presets = sorted((CONF_DIR / "experiment").glob("*.yaml"))
+    presets = sorted((CONF_DIR.parent / "experiments").glob("*/preset.yaml"))
     assert presets
     for preset in presets:
-        cfg = compose_config([f"experiment={preset.stem}"])
+        name = preset.parent.name
+        cfg = compose_config([f"experiment={name}"])
         OmegaConf.resolve(cfg)
         load_run_config(cfg)
-        assert cfg.experiment_name == preset.stem and cfg.aggregate.name == preset.stem
-        assert cfg.logger.wandb.enabled, f"{preset.stem}: every preset logs to an offline W&B run"
+        assert cfg.experiment_name == name and cfg.aggregate.name == name
+        assert cfg.logger.wandb.enabled, f"{name}: every preset logs to an offline W&B run"
         validate_aggregate(OmegaConf.to_container(cfg.aggregate))
 
 

@@ -9,7 +9,8 @@
   ``values``: the whole-config checks and the constructor-typed groups; ``validation``: the
   combinations; ``instantiate``: objects by ``_target_``, our errors unwrapped.
 
-``CONF_DIR`` is where the Hydra config files live.
+``CONF_DIR`` is where the Hydra config files live; the paper presets live in their folders,
+``experiments/<preset>/`` (``presets``: the config source that serves them as ``experiment=<preset>``).
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ def _register_schema() -> None:
         import hydra.core.config_store  # noqa: F401
     except ImportError:  # the engine and the training module without Hydra (benchmarks/gpu.py on a bare
         return           # machine): nothing composes a config there, so there is nothing to register
+    from laplace_lab.config import presets
     from laplace_lab.config.store import register
 
     register()
+    presets.register()
 
 
-_register_schema()  # the schema/* nodes the option files start from (config.store)
+_register_schema()  # the schema/* nodes the option files start from (config.store); the preset folders' source
