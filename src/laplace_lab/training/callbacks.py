@@ -1,7 +1,7 @@
 """The training callbacks, built from the run's typed config: the factories that ``conf/callbacks/``
 names by ``_target_``. Each takes ``(run, output_dir, loop)`` and returns a list of callbacks (empty
-where the run does not use it): Lightning callbacks for ``loop="lightning"``, the plain loop's hook
-objects for ``loop="plain"``. Lightning is imported only where a Lightning callback is built.
+where the run does not use it): the classes ``loop`` runs (``training.loops``: Lightning callbacks,
+or the plain loop's hook objects). Lightning is imported only where a Lightning callback is built.
 """
 
 from __future__ import annotations
@@ -11,27 +11,24 @@ from pathlib import Path
 from laplace_lab.config.schema import RunConfig
 from laplace_lab.sweeps.ranks import is_first_process
 from laplace_lab.training.epoch_eta import EpochETA
+from laplace_lab.training.loops import TrainingLoop
 from laplace_lab.training.online_marglik import OnlineMarglikCore
 from laplace_lab.training.resume import checkpoint_dir
 
 
-def online_marglik(run: RunConfig, output_dir: Path, loop: str) -> list:
+def online_marglik(run: RunConfig, output_dir: Path, loop: TrainingLoop) -> list:
     """``marglik=online``: Algorithm 1 of Immer et al. 2021 (``training.online_marglik``)."""
     m = run.marglik
     if not m.online:
         return []
-    cls = OnlineMarglikCore
-    if loop == "lightning":
-        from laplace_lab.training.lightning_classes import lightning_twin
-
-        cls = lightning_twin(cls)
+    cls = loop.training_class(OnlineMarglikCore)
     return [cls(run.curvature.laplace_kwargs(), prior_structure=run.prior.structure, frequency=m.frequency,
                 n_steps=m.n_steps, burnin=m.burnin, lr_hyp=m.lr_hyp, lr_hyp_min=m.lr_hyp_min,
                 optimize_sigma=m.optimize_sigma, early_stopping=m.early_stopping, log_min=m.log_min,
                 log_max=m.log_max, fit_batch_size=run.curvature.fit_batch_size, fused=m.fused)]
 
 
-def augmentation_marglik(run: RunConfig, output_dir: Path, loop: str) -> list:
+def augmentation_marglik(run: RunConfig, output_dir: Path, loop: TrainingLoop) -> list:
     """``augmentation=fixed|learned`` (and ``none`` with ``report=true`` under online marglik): logs the
     ranges every epoch and, for ``learned``, takes their marglik step after the prior's."""
     aug, m = run.augmentation, run.marglik
@@ -44,7 +41,7 @@ def augmentation_marglik(run: RunConfig, output_dir: Path, loop: str) -> list:
                                 aug.lr_min, c.fit_batch_size, c.subset_of_weights == "all")]
 
 
-def checkpoints(run: RunConfig, output_dir: Path, loop: str) -> list:
+def checkpoints(run: RunConfig, output_dir: Path, loop: TrainingLoop) -> list:
     """``checkpoint.enabled``: ``last.ckpt`` rewritten every ``checkpoint.every_n_epochs`` epochs, and
     with ``checkpoint.monitor`` the best checkpoint by it (``best-epoch<N>.ckpt``). Two callbacks:
     Lightning's own ``save_last`` (2.6) rewrites last.ckpt only in an epoch that also saved a top-k
@@ -65,7 +62,7 @@ def checkpoints(run: RunConfig, output_dir: Path, loop: str) -> list:
     return callbacks
 
 
-def epoch_eta(run: RunConfig, output_dir: Path, loop: str) -> list:
+def epoch_eta(run: RunConfig, output_dir: Path, loop: TrainingLoop) -> list:
     """The remaining training time after every epoch (``training.epoch_eta``), in the log and the
     run's ``progress.json``; a ``map_grid`` point, its refit or an ensemble member is named by its
     subfolder."""
@@ -73,9 +70,5 @@ def epoch_eta(run: RunConfig, output_dir: Path, loop: str) -> list:
 
     name = output_dir.name
     label = f"MAP training ({name})" if name.startswith(("grid_", "member_", REFIT_NAME)) else "MAP training"
-    cls = EpochETA
-    if loop == "lightning":
-        from laplace_lab.training.lightning_classes import lightning_twin
-
-        cls = lightning_twin(cls)
+    cls = loop.training_class(EpochETA)
     return [cls(output_dir if is_first_process() else None, label)]  # DDP: rank 0 writes progress.json
