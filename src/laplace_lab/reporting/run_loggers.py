@@ -1,6 +1,7 @@
-"""Loggers of a run: CSV always, wandb (offline by default) when enabled. Under Lightning's Trainer
-they are Lightning loggers; for the plain loop (``plain=True``) the CSV one is ``CSVMetricsLogger``
-(the same file, without importing Lightning).
+"""Loggers of a run: ``logger.csv`` and ``logger.wandb`` (offline by default), each the class its
+``_target_`` names, where enabled. Under Lightning's Trainer they are Lightning loggers; for the
+plain loop (``plain=True``) the CSV one is ``CSVMetricsLogger`` (the same file, without importing
+Lightning).
 
 The wandb run is grouped by ``logger.wandb.group`` (the experiment name), typed by ``job_type``
 and tagged from the config; its config is the flattened run config (``optimizer.lr``, ...); in a
@@ -15,12 +16,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from laplace_lab.config.schema import RunConfig
+from laplace_lab.config.schema import RunConfig, constructor_arguments
 from laplace_lab.io import quiet_logs
 from laplace_lab.reporting.csv_metrics import CSVMetricsLogger
 
 log = logging.getLogger(__name__)
 WANDB_MODES = ("offline", "online", "disabled")
+CSV_NAME = "csv"  # csv/metrics.csv in the run folder (Lightning's CSVLogger with version "")
 
 
 def flatten_config(data: dict, sep: str = ".") -> dict[str, Any]:
@@ -53,34 +55,25 @@ def _multirun_job_name() -> str | None:
 
 
 def build_loggers(run: RunConfig, output_dir: Path, plain: bool = False) -> list:
-    """CSV logger in ``output_dir/csv``; wandb run in ``output_dir/wandb`` with the flattened config.
-    ``plain``: for the plain loop (no Lightning; the wandb logger then is an error)."""
-    loggers: list = []
-    wandb = run.logger.wandb
+    """The enabled loggers of ``logger.*``, CSV first: each node's ``_target_`` built from its
+    arguments (``schema.constructor_arguments``) and the run's: the CSV file ``output_dir/csv/metrics.csv``,
+    the wandb run in ``output_dir/wandb`` with the flattened config. ``plain``: for the plain loop (no
+    Lightning): ``CSVMetricsLogger`` writes the same file; a wandb logger is an error."""
+    from hydra.utils import get_class
+
+    csv, wandb = run.logger.csv, run.logger.wandb
     if plain:
         if wandb.enabled:
             raise ValueError("logger.wandb.enabled=true needs trainer.loop in ['auto', 'lightning']")
-        return [CSVMetricsLogger(output_dir, "csv")] if run.logger.csv else []
-    from pytorch_lightning.loggers import CSVLogger, WandbLogger
-
-    if run.logger.csv:
-        loggers.append(CSVLogger(save_dir=str(output_dir), name="csv", version=""))
+        return [CSVMetricsLogger(output_dir, CSV_NAME)] if csv.enabled else []
+    if wandb.enabled and wandb.mode not in WANDB_MODES:
+        raise ValueError(f"logger.wandb.mode={wandb.mode!r} is not supported; allowed: {list(WANDB_MODES)}")
+    loggers = []
+    for node in (n for n in (csv, wandb) if n.enabled):
+        own = ({"name": CSV_NAME, "version": ""} if node is csv else
+               {"name": _multirun_job_name(), "config": flatten_config(run.raw)})
+        loggers.append(get_class(node._target_)(save_dir=str(output_dir), **constructor_arguments(node), **own))
     if wandb.enabled:
-        if wandb.mode not in WANDB_MODES:
-            raise ValueError(f"logger.wandb.mode={wandb.mode!r} is not supported; allowed: {list(WANDB_MODES)}")
-        loggers.append(
-            WandbLogger(
-                save_dir=str(output_dir),
-                project=wandb.project,
-                entity=wandb.entity,
-                group=wandb.group,
-                job_type=wandb.job_type,
-                tags=list(wandb.tags),
-                name=_multirun_job_name(),
-                mode=wandb.mode,
-                config=flatten_config(run.raw),
-            )
-        )
         quiet_logs.drop_wandb_anonymous(loggers[-1])
     return loggers
 

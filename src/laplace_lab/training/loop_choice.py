@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from laplace_lab.config.schema import TRAINER_KEYS, RunConfig
+from laplace_lab.config.schema import TRAINER, TRAINER_KEYS, RunConfig
 from laplace_lab.training.loops import LIGHTNING, PLAIN, TrainingLoop
 from laplace_lab.training.plain_loop import resolve_device
 
@@ -37,6 +37,7 @@ def _one(v: Any) -> bool:
 
 # trainer option -> (values the plain loop runs as Lightning does, those values in words)
 PLAIN_TRAINER: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "_target_": (lambda v: v == TRAINER, TRAINER),  # PlainTrainer stands in for it
     "loop": (lambda v: True, "any"),
     "max_epochs": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1"),
     "accelerator": (lambda v: str(v).lower() in ("auto", "cpu", "gpu", "cuda"), "auto, cpu, gpu or cuda"),

@@ -7,7 +7,8 @@ everything downstream calls its methods instead of comparing the loop's name:
 - ``training_class``: the class that runs a core class (``MAPCore``, ``OnlineMarglikCore``,
   ``EpochETA``): the class itself, or its Lightning twin (``lightning_classes.lightning_twin``);
 - ``loggers``: the run's loggers (``reporting.run_loggers.build_loggers``);
-- ``make_trainer``: Lightning's ``Trainer`` (``trainer.*`` but ``loop``) or ``PlainTrainer``;
+- ``make_trainer``: the class ``trainer._target_`` names (Lightning's ``Trainer``) from the other
+  ``trainer.*`` options but ``loop``, or ``PlainTrainer``, its stand-in, from the same options;
 - ``fit``: train, resuming from a checkpoint where one is given (Lightning only);
 - ``root_device``: the device the trained network lives on.
 
@@ -114,11 +115,11 @@ class LightningLoop(TrainingLoop):
         return build_loggers(run, output_dir)
 
     def make_trainer(self, run: RunConfig, output_dir: Path, loggers: list, callbacks: list):
-        import pytorch_lightning as pl
+        from hydra.utils import get_class
 
         kwargs = {**run.trainer.lightning_kwargs(), "enable_progress_bar": _progress_bar(run)}
-        return pl.Trainer(**kwargs, logger=loggers, default_root_dir=str(output_dir),
-                          callbacks=callbacks, enable_checkpointing=run.checkpoint.enabled)
+        return get_class(run.trainer._target_)(**kwargs, logger=loggers, default_root_dir=str(output_dir),
+                                               callbacks=callbacks, enable_checkpointing=run.checkpoint.enabled)
 
     def fit(self, trainer, module, datamodule, resume: str | None) -> None:
         # (check_resume read the checkpoint with weights_only=True already; Lightning reads it the same way)
