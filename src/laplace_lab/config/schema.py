@@ -46,14 +46,14 @@ class PathsConfig:
 CSV_LOGGER = "pytorch_lightning.loggers.CSVLogger"
 WANDB_LOGGER = "pytorch_lightning.loggers.WandbLogger"
 TRAINER = "pytorch_lightning.Trainer"
-OWN_KEYS = ("_target_", "enabled", "loop")  # keys of the logger and trainer nodes that are not arguments
+NOT_ARGUMENTS = ("_target_", "enabled", "loop")  # keys of the logger and trainer nodes
 
 
 def constructor_arguments(node: Any) -> dict[str, Any]:
     """The constructor arguments of a typed ``_target_`` node (a logger's, the trainer's): its
-    fields but ``OWN_KEYS`` and the trainer's ``extra`` (returned among them, flattened)."""
+    options but ``NOT_ARGUMENTS``, and the trainer's ``extra`` (further Lightning arguments)."""
     out = {f.name: getattr(node, f.name) for f in dataclasses.fields(node)
-           if "spec" in f.metadata and f.name not in OWN_KEYS}
+           if "spec" in f.metadata and f.name not in NOT_ARGUMENTS}
     return {**out, **getattr(node, "extra", {})}
 
 

@@ -59,8 +59,6 @@ def build_loggers(run: RunConfig, output_dir: Path, plain: bool = False) -> list
     arguments (``schema.constructor_arguments``) and the run's: the CSV file ``output_dir/csv/metrics.csv``,
     the wandb run in ``output_dir/wandb`` with the flattened config. ``plain``: for the plain loop (no
     Lightning): ``CSVMetricsLogger`` writes the same file; a wandb logger is an error."""
-    from hydra.utils import get_class
-
     csv, wandb = run.logger.csv, run.logger.wandb
     if plain:
         if wandb.enabled:
@@ -68,6 +66,8 @@ def build_loggers(run: RunConfig, output_dir: Path, plain: bool = False) -> list
         return [CSVMetricsLogger(output_dir, CSV_NAME)] if csv.enabled else []
     if wandb.enabled and wandb.mode not in WANDB_MODES:
         raise ValueError(f"logger.wandb.mode={wandb.mode!r} is not supported; allowed: {list(WANDB_MODES)}")
+    from hydra.utils import get_class
+
     loggers = []
     for node in (n for n in (csv, wandb) if n.enabled):
         own = ({"name": CSV_NAME, "version": ""} if node is csv else
