@@ -35,7 +35,7 @@ from laplace_lab.evaluation.summary import laplace_summary
 from laplace_lab.io import quiet_logs
 from laplace_lab.io.atomic import write_text_atomic
 from laplace_lab.io.eta import PhaseLog, attached_to_terminal
-from laplace_lab.reporting.run_loggers import finish_loggers
+from laplace_lab.reporting.run_loggers import build_loggers, finish_loggers
 from laplace_lab.sweeps.devices import check_accelerator
 from laplace_lab.sweeps.jobs import is_multirun, job_checkpoint_dir, record_devices, run_tracked
 from laplace_lab.sweeps.signals import exit_on_interrupt
@@ -73,7 +73,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     set_cpu_modes(job)
     if job.ensemble.enabled and job.ensemble.member is not None:  # train one member into the MAP cache
         return ensemble.run_member_job(job, output_dir, train_map)
-    loggers = loop.loggers(job, output_dir)
+    loggers = build_loggers(job, output_dir, plain=not loop.lightning)
     phases = PhaseLog(output_dir)
     phases.start("MAP training", training_plan(job, loop))
     train = train_map_grid if job.map_grid else train_map

@@ -6,7 +6,8 @@ everything downstream calls its methods instead of comparing the loop's name:
 - ``seed``: the run's seeds (Lightning's ``seed_everything`` with worker seeds, or the plain loop's);
 - ``training_class``: the class that runs a core class (``MAPCore``, ``OnlineMarglikCore``,
   ``EpochETA``): the class itself, or its Lightning twin (``lightning_classes.lightning_twin``);
-- ``loggers``: the run's loggers (``reporting.run_loggers.build_loggers``);
+- ``lightning``: whether it runs under Lightning (its loggers must be Lightning's:
+  ``reporting.run_loggers.build_loggers``);
 - ``make_trainer``: the class ``trainer._target_`` names (Lightning's ``Trainer``) from the other
   ``trainer.*`` options but ``loop``, or ``PlainTrainer``, its stand-in, from the same options;
 - ``fit``: train, resuming from a checkpoint where one is given (Lightning only);
@@ -31,6 +32,7 @@ class TrainingLoop:
     """One way of training the MAP network; ``name`` is its ``trainer.loop`` value."""
 
     name = ""
+    lightning = False
 
     def __str__(self) -> str:
         return self.name
@@ -43,9 +45,6 @@ class TrainingLoop:
 
     def training_class(self, cls: type) -> type:
         """The class this loop runs for the core class ``cls``."""
-        raise NotImplementedError
-
-    def loggers(self, run: RunConfig, output_dir: Path) -> list:
         raise NotImplementedError
 
     def make_trainer(self, run: RunConfig, output_dir: Path, loggers: list, callbacks: list):
@@ -74,11 +73,6 @@ class PlainLoop(TrainingLoop):
     def training_class(self, cls: type) -> type:
         return cls
 
-    def loggers(self, run: RunConfig, output_dir: Path) -> list:
-        from laplace_lab.reporting.run_loggers import build_loggers
-
-        return build_loggers(run, output_dir, plain=True)
-
     def make_trainer(self, run: RunConfig, output_dir: Path, loggers: list, callbacks: list) -> PlainTrainer:
         t = run.trainer
         return PlainTrainer(t.max_epochs, resolve_device(t.accelerator), loggers, callbacks,
@@ -98,6 +92,7 @@ class LightningLoop(TrainingLoop):
     """``pytorch_lightning.Trainer``: the core classes' Lightning twins, every Lightning feature."""
 
     name = "lightning"
+    lightning = True
 
     def seed(self, seed: int) -> None:
         import pytorch_lightning as pl
@@ -108,11 +103,6 @@ class LightningLoop(TrainingLoop):
         from laplace_lab.training.lightning_classes import lightning_twin
 
         return lightning_twin(cls)
-
-    def loggers(self, run: RunConfig, output_dir: Path) -> list:
-        from laplace_lab.reporting.run_loggers import build_loggers
-
-        return build_loggers(run, output_dir)
 
     def make_trainer(self, run: RunConfig, output_dir: Path, loggers: list, callbacks: list):
         from hydra.utils import get_class
