@@ -141,7 +141,7 @@ def main() -> None:
     parser.add_argument("--chunk-size", type=int, default=512, help="FusedCurvature(chunk_size=...)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    dm = VisionDataModule("mnist", data_dir=DATA_DIR, n_train_subset=args.n_train, batch_size=128, download=False)
+    dm = VisionDataModule(name="mnist", data_dir=DATA_DIR, n_train_subset=args.n_train, batch_size=128, download=False)
     dm.setup("fit")
     runs = [timed_pieces(dm, args.fit_batch, args.chunk_size) for _ in range(args.repeats)]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}

@@ -26,9 +26,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from laplace_lab.config import CONF_DIR
 from laplace_lab.config.instantiate import CONFIG_ERRORS, config_phase
+from laplace_lab.config.load import load_run_config
 from laplace_lab.config.schema import RunConfig
 from laplace_lab.config.targets import guard_hydra_config
-from laplace_lab.config.validation import validate_config
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.evaluation.labels import run_label
 from laplace_lab.evaluation.summary import laplace_summary
@@ -64,7 +64,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     """Validate, build, train and evaluate one run; returns the final metrics."""
     narrow_checkpoint_dir(cfg, output_dir)
     with config_phase():  # bad input: the message alone, before any data is loaded
-        job = validate_config(cfg)
+        job = load_run_config(cfg)
         check_accelerator(job.trainer.accelerator, job.trainer.devices)
         check_ddp_launch(job, is_multirun())
         loop = loop_choice.choose_loop(job)

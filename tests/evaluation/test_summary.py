@@ -29,7 +29,7 @@ def test_verdicts_name_what_got_worse():
     assert text.splitlines()[0] == "What Laplace (last-layer KFAC-GGN, GLM predictive (MC)) changed against the MAP on toy2d moons:"
     assert "mean confidence on far-away inputs (test x 100)" in text
     assert "NLL on rotated test sets, mean of 2 angles" in text
-    assert "  In distribution (test set): Laplace is worse on NLL; the same on ECE, accuracy." in text
+    assert "  In distribution (test set): Laplace is worse on NLL; the same on accuracy, ECE." in text
     assert ("  Away from the training data: Laplace is better on confidence on far-away, NLL under rotation; like the "
             "MAP worse than chance on AUROC vs far-away.") in text
 

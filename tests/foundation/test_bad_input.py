@@ -123,6 +123,11 @@ def test_map_loss_without_prior_rejects_online_and_grid(extra, tmp_path, no_trai
         (["data=toy2d", "data.kind=blobs", "data.n_train=3"], r"data.n_train=3 is too small for data.kind='blobs'"),
         (["data=mnist", "data.n_val=60000"], r"data.n_val=60000 is too large for mnist: .* allowed: 0..12000"),
         (["data=fake_data", "data.n_val=26"], r"data.n_val=26 is too large for fake_data: .* allowed: 0..25"),
+        # declared once, on UCIDataModule.Options: a fraction of 1 leaves no training row
+        (["data=uci", "data.val_fraction=1.0"],
+         r"data.val_fraction must be >= 0 and < 1; got 1.0 \(allowed: numbers in \[0, 1\)\)"),
+        (["data=uci", "data.name=iris"], r"data.name='iris' is not supported; allowed: \[.*'yacht'"),
+        (["data=mnist", "data.ood=[kmnist,imagenet]"], r"data.ood='imagenet' is not supported; allowed: \[.*'kmnist'"),
         (["checkpoint.resume_from=/no/such/last.ckpt"], r"checkpoint.resume_from='/no/such/last.ckpt' does not exist"),
     ],
 )
@@ -137,11 +142,11 @@ def test_invalid_values_fail_before_data(overrides, pattern, tmp_path, no_traini
 def test_known_extra_keys_are_accepted(tmp_path):
     """Keys that the target takes (``+trainer.check_val_every_n_epoch``, ``+optimizer.betas``) pass, and
     so do the documented root key ``+sweep_objective`` and an augmentation range under ``init``."""
-    from laplace_lab.config.validation import validate_config
+    from laplace_lab.config.load import load_run_config
 
-    validate_config(compose_config(["+trainer.check_val_every_n_epoch=5", "+optimizer.betas=[0.9,0.99]",
+    load_run_config(compose_config(["+trainer.check_val_every_n_epoch=5", "+optimizer.betas=[0.9,0.99]",
                                     "marglik=online", "+marglik.evidence_point=weights"]))
-    validate_config(compose_config(["+sweep_objective=test/map/nll", "augmentation=fixed", "data=mnist",
+    load_run_config(compose_config(["+sweep_objective=test/map/nll", "augmentation=fixed", "data=mnist",
                                     "predictive=map", "+augmentation.init.translate_x=0.1"]))
 
 
@@ -227,10 +232,13 @@ def test_mnist_label_out_of_range_names_the_file(mnist_copy):
 
 
 def test_generated_data_with_nan_noise_fails():
+    """A nan noise is refused by the option's range; a noise that overflows float32 by the data check."""
     from laplace_lab.data import SinusoidDataModule
 
-    with pytest.raises(ValueError, match=r"generated sinusoid data \(data.noise_std=nan\): non-finite targets in row 0"):
+    with pytest.raises(ValueError, match=r"data.noise_std must be >= 0; got nan \(allowed: numbers in \[0, inf\)\)"):
         SinusoidDataModule(noise_std=float("nan"))
+    with pytest.raises(ValueError, match=r"generated sinusoid data \(data.noise_std=1e\+39\): non-finite targets in row 0"):
+        SinusoidDataModule(noise_std=1e39)
 
 
 def test_empty_validation_split_passes_the_data_checks():

@@ -8,7 +8,7 @@ from laplace_lab.data import UCIDataModule, VisionDataModule
 
 
 def test_mnist_counts_and_shapes(data_dir):
-    dm = VisionDataModule("mnist", data_dir=str(data_dir), n_val=5000, ood=["fashion_mnist"], ood_if_missing="error")
+    dm = VisionDataModule(name="mnist", data_dir=str(data_dir), n_val=5000, ood=["fashion_mnist"], ood_if_missing="error")
     dm.setup("fit")
     assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (55000, 5000, 10000)
     x, y = dm.test_set[0]
@@ -16,13 +16,13 @@ def test_mnist_counts_and_shapes(data_dir):
     ood = dm.ood_dataloaders()["fashion_mnist"]
     assert len(ood.dataset) == 10000
     # The validation split is fixed by the seed.
-    again = VisionDataModule("mnist", data_dir=str(data_dir), n_val=5000)
+    again = VisionDataModule(name="mnist", data_dir=str(data_dir), n_val=5000)
     again.setup("fit")
     assert torch.equal(dm.val_set[0][0], again.val_set[0][0])
 
 
 def test_uci_yacht_split(data_dir):
-    dm = UCIDataModule("yacht", split=0, data_dir=str(data_dir), val_fraction=0.1)
+    dm = UCIDataModule(name="yacht", split=0, data_dir=str(data_dir), val_fraction=0.1)
     # yacht: 308 rows, split 0 has 277 train / 31 test rows; 10% of train held out.
     assert (len(dm.train_set), len(dm.val_set), len(dm.test_set)) == (249, 28, 31)
     X, y = dm.train_set.tensors

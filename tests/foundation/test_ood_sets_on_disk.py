@@ -33,7 +33,7 @@ def test_missing_ood_sets_are_reported_once_in_one_line(tmp_path, no_download, c
     from laplace_lab.data.vision import VisionDataModule
 
     with caplog.at_level(logging.INFO):
-        dm = VisionDataModule("fake_data", data_dir=str(tmp_path), n_val=25, fake_size=128,
+        dm = VisionDataModule(name="fake_data", data_dir=str(tmp_path), n_val=25, fake_size=128,
                               ood=["kmnist", "fake_data", "emnist"])
     assert dm.ood_names == ["fake_data"] and dm.ood_skipped == ["kmnist", "emnist"]
     (line,) = _warnings(caplog)
@@ -46,7 +46,7 @@ def test_missing_ood_sets_with_if_missing_error_name_every_set(tmp_path, no_down
 
     with pytest.raises(FileNotFoundError, match=r"OOD set\(s\) \['kmnist', 'emnist'\] not found .*KMNIST/raw/"
                                                  r".*EMNIST/raw/.*data.ood_if_missing=skip"):
-        VisionDataModule("fake_data", data_dir=str(tmp_path), n_val=25, fake_size=128,
+        VisionDataModule(name="fake_data", data_dir=str(tmp_path), n_val=25, fake_size=128,
                          ood=["kmnist", "emnist"], ood_if_missing="error")
 
 

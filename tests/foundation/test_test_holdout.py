@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset, random_split
 
-from laplace_lab.config.validation import validate_config
+from laplace_lab.config.load import load_run_config
 from laplace_lab.data import VisionDataModule
 from laplace_lab.data.vision import TEST_HOLDOUT_SEED, hold_out_test
 from laplace_lab.training.map_cache import cache_key
@@ -24,9 +24,9 @@ def test_the_rest_is_the_authors_random_split_test_part():
 
 
 def test_mnist_keeps_8000_of_10000_and_leaves_the_ood_sets_whole(data_dir):
-    dm = VisionDataModule("mnist", data_dir=str(data_dir), n_val=0, ood=["fashion_mnist"], test_holdout=2000)
+    dm = VisionDataModule(name="mnist", data_dir=str(data_dir), n_val=0, ood=["fashion_mnist"], test_holdout=2000)
     dm.setup("fit")
-    full = VisionDataModule("mnist", data_dir=str(data_dir), n_val=0)
+    full = VisionDataModule(name="mnist", data_dir=str(data_dir), n_val=0)
     full.setup("fit")
     assert len(dm.test_set) == 8000 and len(full.test_set) == 10000 and len(dm.train_set) == 60000
     first = dm.test_set.indices[0]
@@ -37,7 +37,7 @@ def test_mnist_keeps_8000_of_10000_and_leaves_the_ood_sets_whole(data_dir):
 @pytest.mark.parametrize("bad", [-1, True, 1.5])
 def test_bad_values_are_refused_at_construction(bad):
     with pytest.raises(ValueError, match="data.test_holdout must be an integer >= 0"):
-        VisionDataModule("fake_data", test_holdout=bad, download=False)
+        VisionDataModule(name="fake_data", test_holdout=bad, download=False)
 
 
 def test_a_holdout_that_leaves_nothing_is_refused():
@@ -48,7 +48,7 @@ def test_a_holdout_that_leaves_nothing_is_refused():
 
 def test_config_validation_names_the_option():
     with pytest.raises(ValueError, match="data.test_holdout"):
-        validate_config(compose_config(["data=mnist", "data.test_holdout=-5"]))
+        load_run_config(compose_config(["data=mnist", "data.test_holdout=-5"]))
 
 
 def test_the_holdout_shares_the_map_cache_entry():

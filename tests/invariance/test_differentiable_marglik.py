@@ -161,7 +161,7 @@ def test_kron_fit_survives_float32_eigh_failure(data_dir):
     from laplace_lab.data import VisionDataModule
     from laplace_lab.models import MLP
 
-    dmod = VisionDataModule("mnist", str(data_dir), n_val=128, n_train_subset=128, seed=0, batch_size=250,
+    dmod = VisionDataModule(name="mnist", data_dir=str(data_dir), n_val=128, n_train_subset=128, seed=0, batch_size=250,
                             eval_batch_size=250)
     dmod.setup()
     torch.manual_seed(0)

@@ -122,7 +122,7 @@ def test_the_project_hydra_configs_pass(overrides):
 @pytest.mark.parametrize("override, message", [
     ("callbacks.online_marglik._target_=laplace_lab.sweeps.callback.SweepSummary",
      r"callbacks.online_marglik._target_='laplace_lab.sweeps.callback.SweepSummary' is not allowed; allowed: "
-     r"\['laplace_lab.training.callbacks.augmentation_marglik', .*\] \(callbacks.\*._target_ takes one of these"),
+     r"\['laplace_lab.training.callbacks.checkpoints', .*\] \(callbacks.\*._target_ takes one of these"),
     ("module._target_=laplace_lab.models.MLP",
      r"module._target_='laplace_lab.models.MLP' is not allowed; allowed: \['laplace_lab.training.module.MAPCore'\]"),
     ("optimizer._target_=laplace_lab.models.MLP", r"allowed: \['torch.optim.Adam', 'torch.optim.AdamW'"),

@@ -71,7 +71,7 @@ def run_ours(seed: int, epochs: int | None, hyper_steps: int | None, output_dir:
     from hydra import compose, initialize_config_dir
 
     from laplace_lab.config import CONF_DIR
-    from laplace_lab.config.validation import validate_config
+    from laplace_lab.config.load import load_run_config
     from laplace_lab.train import evaluate, set_cpu_modes
     from laplace_lab.training import loop_choice
     from laplace_lab.training.fit import train_map
@@ -80,7 +80,7 @@ def run_ours(seed: int, epochs: int | None, hyper_steps: int | None, output_dir:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides(seed, epochs, hyper_steps)
                       + [f"paths.output_root={output_dir}"])
-    job = validate_config(cfg)
+    job = load_run_config(cfg)
     set_cpu_modes(job)
     loop = loop_choice.choose_loop(job)
     datamodule, module, trainer, metrics = train_map(job, output_dir, [], loop)

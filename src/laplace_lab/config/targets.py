@@ -5,7 +5,8 @@ handler ``class`` or a ``()`` factory. Configs reach this package from the comma
 from a restored job's ``config_resolved.yaml`` and from Hydra's own node (``hydra.callbacks``, the
 launcher, the sweeper, ``hydra.job_logging`` / ``hydra.hydra_logging``), so every slot that can name
 a callable takes only the classes listed for that slot (``SLOTS``: "``model._target_`` takes one of
-[...]"); a ``_target_`` anywhere else is refused. No module prefix is allowed: ``torch.`` would admit
+[...]"; ``data``: the data modules of ``laplace_lab.data``, found by their class, ``data.registry``);
+a ``_target_`` anywhere else is refused. No module prefix is allowed: ``torch.`` would admit
 ``torch.load`` (which unpickles a file), ``laplace_lab.`` would admit functions that copy or write files.
 
 - ``check_targets(data, where, prefix)``: ``ValueError`` naming the first ``_target_`` of a job
@@ -34,16 +35,34 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from hydra.errors import CompactHydraException
 
 from laplace_lab.config.paths import check_composed
 
-DATA_MODULES = frozenset({
-    "laplace_lab.data.Toy2DDataModule", "laplace_lab.data.SinusoidDataModule", "laplace_lab.data.UCIDataModule",
-    "laplace_lab.data.VisionDataModule",
-})
+
+class DataModules(AbstractSet):
+    """The ``data`` slot's classes: every data module of ``laplace_lab.data`` (``data.registry``),
+    found by its class, so a new data set needs no entry here. Membership imports the named module
+    of that package only; iterating imports them all (for the allowed values of a message)."""
+
+    def __contains__(self, target: object) -> bool:
+        from laplace_lab.data.registry import data_class
+
+        return data_class(target) is not None
+
+    def __iter__(self):
+        from laplace_lab.data.registry import data_modules
+
+        return iter(data_modules())
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+DATA_MODULES = DataModules()
 MODELS = frozenset({
     "laplace_lab.models.MLP", "laplace_lab.models.LeNet", "laplace_lab.models.ResNet18",
     "laplace_lab.models.WideResNet",
@@ -55,8 +74,8 @@ SCHEDULERS = frozenset({
     "torch.optim.lr_scheduler.MultiStepLR", "torch.optim.lr_scheduler.ExponentialLR",
 })
 TRAINING_CALLBACKS = frozenset({
-    "laplace_lab.training.callbacks.online_marglik", "laplace_lab.training.callbacks.augmentation_marglik",
-    "laplace_lab.training.callbacks.checkpoints", "laplace_lab.training.callbacks.epoch_eta",
+    "laplace_lab.training.online_marglik.OnlineMarglikCore",
+    "laplace_lab.training.invariance_marglik.AugmentationMarglikCore", "laplace_lab.training.callbacks.checkpoints", "laplace_lab.training.callbacks.epoch_eta",
 })
 HYDRA_CALLBACKS = frozenset({"laplace_lab.sweeps.callback.SweepSummary", "laplace_lab.sweeps.sweep_eta.SweepETA"})
 LAUNCHERS = frozenset({
@@ -90,7 +109,13 @@ SLOTS: dict[str, frozenset[str]] = {
     "hydra.sweeper": SWEEPERS,
     "hydra.sweeper.sampler": SAMPLERS,
 }
-ALLOWED_TARGETS = frozenset().union(*SLOTS.values())
+
+
+def allowed_targets() -> frozenset[str]:
+    """Every class some slot takes (lists the data modules, which imports them: for messages and tests)."""
+    return frozenset().union(*SLOTS.values())
+
+
 TARGET_KEY = "_target_"
 CALLABLE_KEYS = (TARGET_KEY, "class", "()")  # keys whose value Hydra or logging imports and calls
 

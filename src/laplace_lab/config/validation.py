@@ -2,28 +2,24 @@
 (``check_combinations``, on the typed ``RunConfig``; each option's own type and range are checked by
 ``config.schema`` first). Each check raises ``ValueError`` naming the options and the allowed values.
 
-``validate_config(cfg)`` reads a composed config (``DictConfig``) and runs every check: the one call
-the entry point makes before anything else.
+``config.load.load_run_config(cfg)`` reads a composed config (``DictConfig``) into the typed config and
+runs every check, these last: the one call the entry point makes before anything else.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from laplace_lab.config.interplay import check_interplay
 from laplace_lab.config.schema import RunConfig
-from laplace_lab.data.size_checks import check_data_sizes
+from laplace_lab.data.registry import data_modules, required_class
 from laplace_lab.evaluation.config import check_landscape_run
 from laplace_lab.laplace.predictive import check_nn_link
 from laplace_lab.laplace.spec import LaplaceSpec, hessian_structures, structure_class
 
-# data modules whose validation rows are held out of the training set, and the option that holds
-# them out (map_grid_refit gives them back by setting it to 0); the toy sets draw theirs apart
-HELD_OUT_VALIDATION = {"laplace_lab.data.UCIDataModule": "val_fraction", "laplace_lab.data.VisionDataModule": "n_val"}
 LOSS_SCALES = ("nll", "mse")
-IMAGE_DATA = "laplace_lab.data.VisionDataModule"
 
 
 def check_loss_scale(loss_scale: str, likelihood: str) -> None:
@@ -36,21 +32,15 @@ def check_loss_scale(loss_scale: str, likelihood: str) -> None:
                          "allowed for this likelihood: map_loss_scale in ['nll']")
 
 
-def _require(condition: bool, message: str) -> None:
+def _require(condition: bool, message: str | Callable[[], str]) -> None:
+    """``ValueError(message)`` unless ``condition``; a callable message is built only then (it may list
+    every data module, which imports them)."""
     if not condition:
-        raise ValueError(message)
-
-
-def validate_config(cfg: Any) -> RunConfig:
-    """``config.load.load_run_config``: every check of a composed config; returns the typed config."""
-    from laplace_lab.config.load import load_run_config
-
-    return load_run_config(cfg)
+        raise ValueError(message() if callable(message) else message)
 
 
 def check_combinations(run: RunConfig) -> None:
     """Every combination check below, in the order a user meets them."""
-    check_data_sizes(run.data)  # sizes against the data set (toy2d classes, a fifth of the images to validation)
     check_root(run)
     check_trainer(run)
     check_laplace(run)
@@ -83,10 +73,10 @@ def check_root(run: RunConfig) -> None:
              "map_grid needs marglik.mode in ['off', 'posthoc'] (online marglik learns the prior precision)")
     refit = run.map_grid_refit
     _require(not refit or grid, "map_grid_refit=true needs a map_grid (a list of prior precisions); got map_grid=null")
-    target = run.data.get("_target_")
-    _require(not refit or target in HELD_OUT_VALIDATION,
-             f"map_grid_refit=true needs data whose validation rows are held out of the training set "
-             f"(allowed: {sorted(HELD_OUT_VALIDATION)}); data {target!r} draws its validation set apart")
+    _require(not refit or required_class(run.data).validation_option is not None,
+             lambda: "map_grid_refit=true needs data whose validation rows are held out of the training set "
+             f"(allowed: {list(data_modules(lambda cls: cls.validation_option is not None))}); "
+             f"data {run.data.get('_target_')!r} draws its validation set apart")
     _require(run.prior_in_map_loss or (not run.marglik.online and not grid),
              "prior_in_map_loss=false needs marglik.mode in ['off', 'posthoc'] and map_grid=null (online marglik "
              "and the weight-decay grid act through the prior term of the loss)")
@@ -215,7 +205,7 @@ def check_augmentation(run: RunConfig) -> None:
     mode = aug.mode
     AffineAugmentation(int(aug.n_samples), dict(aug.init), list(aug.learnable) if mode == "learned" else [],
                        aug.interpolation)  # raises on bad names / values
-    _require(run.data.get("_target_", "") == IMAGE_DATA,
+    _require(required_class(run.data).images,
              f"augmentation.mode={mode!r} needs an image data set (data=mnist, ...); got "
              f"data._target_={run.data.get('_target_')!r}")
     _require(run.predictive.pred_type != "glm",
@@ -224,10 +214,10 @@ def check_augmentation(run: RunConfig) -> None:
     c = run.curvature
     if run.marglik.online:  # the prior step fits the averaged model's curvature (fit_for_marglik)
         structures = dm.laplace_structures()
-        _require(c.subset_of_weights == "all" and c.hessian_structure in structures and c.type in dm.CURVATURES,
+        _require(c.subset_of_weights == "all" and c.hessian_structure in structures and c.type in dm.CURVATURE_TYPES,
                  f"augmentation.mode={mode!r} with marglik=online needs curvature.subset_of_weights=all, "
                  f"curvature.hessian_structure in {list(structures)} and curvature.type in "
-                 f"{list(dm.CURVATURES)}; got ({c.subset_of_weights}, {c.hessian_structure}, {c.type})")
+                 f"{list(dm.CURVATURE_TYPES)}; got ({c.subset_of_weights}, {c.hessian_structure}, {c.type})")
         _require(not run.marglik.fused,
                  f"augmentation.mode={mode!r} needs marglik.fused=false (the fused curvature is the engine's KFAC of "
                  "the augmented rows, not the averaged model's); got marglik.fused=true")

@@ -2,9 +2,12 @@
 data is loaded (``check_values``; ``config.load`` calls it before it builds the typed schema).
 
 - every number is finite (``nan`` / ``inf`` rejected anywhere);
-- every ``_target_`` is one of ``config.targets.ALLOWED_TARGETS`` (a config is code: a command-line
+- every ``_target_`` is one a slot of ``config.targets.SLOTS`` takes (a config is code: a command-line
   ``_target_`` override could import and run anything);
-- the ``_target_`` groups (``data``, ``model``, ``optimizer``, ``lr_scheduler``) and the Lightning
+- ``data``: its class declares its options (``LabDataModule.Options``: type, default, range or
+  choices, once) and size limits (``check_sizes``: toy2d's classes, a fifth of an image set to
+  validation); ``data.registry.check_data`` reads the node against them;
+- the other ``_target_`` groups (``model``, ``optimizer``, ``lr_scheduler``) and the Lightning
   arguments of ``trainer``: their schema is the constructor's signature. No unknown keys, also when
   added with ``+`` (``+optimizer.lrr=0.1``); an option's type matches its defaults in
   ``conf/<group>/*.yaml`` or the signature (``model.widths='50'`` is an error, not ``[5, 0]``); the
@@ -27,44 +30,30 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from laplace_lab.config import CONF_DIR
-from laplace_lab.config.targets import ALLOWED_TARGETS, check_targets
+from laplace_lab.config.targets import allowed_targets, check_targets
+from laplace_lab.data.registry import check_data
+from laplace_lab.io.fields import Spec, check, type_name
 
-# Groups typed by a constructor (the other groups: config.schema); trainer: Lightning's Trainer.
-CHECKED_GROUPS = ("data", "model", "optimizer", "lr_scheduler", "trainer")
-INF = math.inf
+# Groups typed by a constructor (data: by its class's Options; the other groups: config.schema);
+# trainer: Lightning's Trainer.
+CHECKED_GROUPS = ("model", "optimizer", "lr_scheduler", "trainer")
 # Keys of ours inside a group whose other keys are a constructor's arguments (trainer: Lightning's Trainer).
 OWN_KEYS = {"trainer": ("loop",)}
 
-# Options of the constructor-typed groups: (kind, low, high, low inclusive, null allowed); kind "int" or
-# "float" (ints accepted). The options of the other groups declare their range in config.schema.
-RANGES: dict[str, tuple[str, float, float, bool, bool]] = {
-    "optimizer.lr": ("float", 0, INF, False, False),
-    "optimizer.momentum": ("float", 0, 1, True, False),
-    "optimizer.eps": ("float", 0, INF, False, False),
-    "lr_scheduler.T_max": ("int", 1, INF, True, False),
-    "lr_scheduler.eta_min": ("float", 0, INF, True, False),
-    "data.batch_size": ("int", 1, INF, True, False),
-    "data.eval_batch_size": ("int", 1, INF, True, False),
-    "data.split": ("int", 0, INF, True, False),
-    "data.val_fraction": ("float", 0, 1, True, False),  # < 1: HIGH_OPEN
-    "data.n_val": ("int", 0, INF, True, False),
-    "data.test_holdout": ("int", 0, INF, True, False),
-    "data.n_train": ("int", 1, INF, True, False),
-    "data.n_test": ("int", 1, INF, True, False),
-    "data.n_train_subset": ("int", 1, INF, True, True),
-    "data.noise": ("float", 0, INF, True, False),
-    "data.noise_std": ("float", 0, INF, True, False),
-    "data.fake_size": ("int", 1, INF, True, False),
-    "model.widths[*]": ("int", 1, INF, True, False),
-    "model.width": ("int", 1, INF, True, False),
-    "model.depth": ("int", 10, INF, True, False),
-    "model.widen_factor": ("int", 1, INF, True, False),
-    "trainer.check_val_every_n_epoch": ("int", 1, INF, True, True),  # a Trainer argument outside TrainerConfig
+# Ranges of the options of the torch and Lightning targets (their classes are not ours to declare
+# them on; the data modules declare theirs on the class, the other groups in config.schema).
+RANGES: dict[str, Spec] = {
+    "optimizer.lr": Spec("float", low=0, low_open=True, describe=" (the learning rate)"),
+    "optimizer.momentum": Spec("float", low=0, high=1),
+    "optimizer.eps": Spec("float", low=0, low_open=True),
+    "lr_scheduler.T_max": Spec("int", low=1),
+    "lr_scheduler.eta_min": Spec("float", low=0),
+    "model.widths[*]": Spec("int", low=1),
+    "model.width": Spec("int", low=1),
+    "model.depth": Spec("int", low=10),
+    "model.widen_factor": Spec("int", low=1),
+    "trainer.check_val_every_n_epoch": Spec("int", low=1, nullable=True),  # a Trainer argument outside TrainerConfig
 }
-# Options of RANGES whose upper bound is excluded (a validation fraction of 1 leaves no training row).
-HIGH_OPEN = ("data.val_fraction",)
-# Shown beside the option's name where the name alone is terse.
-DESCRIPTIONS = {"optimizer.lr": " (the learning rate)"}
 
 
 def _fail(message: str) -> None:
@@ -107,22 +96,9 @@ def _ranged_values(data: Mapping, key: str):
 
 def check_ranges(data: Mapping) -> None:
     """The options of ``RANGES``: numbers (ints where ``int``) in their range (``key[*]``: each entry)."""
-    for pattern, (kind, lo, hi, lo_incl, nullable) in RANGES.items():
+    for pattern, spec in RANGES.items():
         for key, value in _ranged_values(data, pattern):
-            _check_range(key, value, kind, lo, hi, lo_incl, nullable, hi_incl=pattern not in HIGH_OPEN)
-
-
-def _check_range(key: str, value: Any, kind: str, lo: float, hi: float, lo_incl: bool, nullable: bool,
-                 hi_incl: bool = True) -> None:
-    if value is None and nullable:
-        return
-    ok_type = _is_number(value) and (kind == "float" or isinstance(value, int))
-    ok_range = ok_type and (value >= lo if lo_incl else value > lo) and (value <= hi if hi_incl else value < hi)
-    if not ok_range:
-        bounds = (">= " if lo_incl else "> ") + f"{lo}" + ("" if hi == INF else f" and {'<=' if hi_incl else '<'} {hi}")
-        interval = ("[" if lo_incl else "(") + f"{lo}, " + ("inf)" if hi == INF else f"{hi}{']' if hi_incl else ')'}")
-        what = "integers" if kind == "int" else "numbers"
-        _fail(f"{key}{DESCRIPTIONS.get(key, '')} must be {bounds}{' or null' if nullable else ''}; got {value!r} (allowed: {what} in {interval})")
+            check(key, value, spec)
 
 
 def _select(data: Mapping, key: str) -> tuple[Any, bool]:
@@ -137,19 +113,10 @@ def _select(data: Mapping, key: str) -> tuple[Any, bool]:
 # --- known keys and their types --------------------------------------------------------------
 def _type_class(v: Any) -> str | None:
     """``bool`` | ``number`` | ``str`` | ``list`` | ``dict``; None for null and interpolations."""
-    if v is None or (isinstance(v, str) and "${" in v):
+    if isinstance(v, str) and "${" in v:
         return None
-    if isinstance(v, bool):
-        return "bool"
-    if _is_number(v):
-        return "number"
-    if isinstance(v, str):
-        return "str"
-    if isinstance(v, (list, tuple)):
-        return "list"
-    if isinstance(v, Mapping):
-        return "dict"
-    return None
+    kind = type_name(v)
+    return kind if kind in ("bool", "number", "str", "list", "dict") else None
 
 
 def _record(schema: dict[str, set], key: str, value: Any) -> None:
@@ -201,7 +168,7 @@ def _target_class(group: str, node: Mapping) -> Any:
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError):
-        _fail(f"{group}._target_={target!r} cannot be imported; allowed: {sorted(ALLOWED_TARGETS)}")
+        _fail(f"{group}._target_={target!r} cannot be imported; allowed: {sorted(allowed_targets())}")
 
 
 def _accepted_args(cls: Any) -> dict[str, inspect.Parameter] | None:
@@ -281,5 +248,7 @@ def check_values(data: Mapping) -> None:
     """All value checks above, on the resolved job config (a plain mapping, no ``hydra`` node)."""
     check_targets(data)
     check_finite(data)
+    if isinstance(data.get("data"), Mapping):
+        check_data(data["data"])
     check_group_keys(data)
     check_ranges(data)

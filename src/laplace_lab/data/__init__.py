@@ -1,5 +1,6 @@
 """Data modules: generated toys, UCI regression and torchvision image sets (``vision``, loaded on
-first use: torchvision takes seconds to import)."""
+first use: torchvision takes seconds to import). Each declares its options and what it is on its class
+(``base.LabDataModule``); ``registry`` finds them for the config (a new data set: its class and its yaml)."""
 
 from laplace_lab import lazy_attributes
 from laplace_lab.data.base import LabDataModule

@@ -22,9 +22,14 @@ from __future__ import annotations
 import functools
 import math
 import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset, TensorDataset, random_split
+
+from laplace_lab.io.fields import build, option
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
@@ -108,11 +113,58 @@ def _lightning_variant(cls: type) -> type:
                 {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
 
 
+def _plain(value: Any) -> Any:
+    """``value`` with mappings as dicts and sequences as lists (Hydra hands list options over as
+    ``ListConfig``), so ``fields.build`` sees the plain kinds."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return [_plain(v) for v in value]
+    return value
+
+
 class LabDataModule:
-    """Base class: holds train/val/test datasets and builds their loaders."""
+    """Base class: holds train/val/test datasets and builds their loaders.
+
+    A data module declares what it is on the class; the config, the loop choice and the grid
+    search read these declarations (``data.registry``), never its name:
+
+    - ``Options``: a frozen dataclass of ``fields.option`` fields, its options' one declaration
+      (type, default, range or choices); a subclass extends ``LabDataModule.Options``. The
+      ``data`` config group is checked against it before any data loads, and the constructor
+      builds it from its keyword arguments (``self.options``).
+    - ``in_memory``: whole tensor sets served from the main process (the plain loop can train it);
+      ``False``: rows are read or transformed one by one (Lightning's Trainer runs it).
+    - ``validation_option``: the option that holds validation rows out of the training set
+      (``map_grid_refit`` sets it to 0 to train on them); ``None``: validation rows are drawn apart.
+    - ``images``: image inputs ``[C, H, W]`` that the affine augmentation can transform.
+    - ``check_sizes(options)``: size limits against the data set, before any data loads.
+    """
+
+    @dataclass(frozen=True)
+    class Options:
+        """The options every data module takes."""
+
+        batch_size: int = option(128, "int", low=1)
+        eval_batch_size: int = option(512, "int", low=1)
+        num_workers: int = option(0, "int", low=0)
+        seed: int = option(0, "int", low=0)
 
     task: str = "classification"
     input_range: tuple[float, float] | None = None
+    in_memory: ClassVar[bool] = False
+    validation_option: ClassVar[str | None] = None
+    images: ClassVar[bool] = False
+
+    @classmethod
+    def read_options(cls, options: Mapping[str, Any]) -> Options:
+        """``cls.Options`` from a ``data`` node's options (no ``_target_``); ``ValueError`` naming
+        ``data.<option>`` and the allowed values for an unknown key, a wrong type or a bad value."""
+        return build(cls.Options, _plain(dict(options)), "data")
+
+    @classmethod
+    def check_sizes(cls, options: Options) -> None:
+        """Size limits of these options against the data set (``ValueError``); none by default."""
 
     def __new__(cls, *args, **kwargs):
         lightning = sys.modules.get("pytorch_lightning")
@@ -126,14 +178,14 @@ class LabDataModule:
     def prepare_data(self) -> None:
         """Download what ``setup`` needs (subclasses); called once before ``setup``."""
 
-    def __init__(self, batch_size: int = 128, eval_batch_size: int = 512, num_workers: int = 0, seed: int = 0):
+    def __init__(self, **options: Any):
         super().__init__()
-        if batch_size <= 0:
-            raise ValueError(f"data.batch_size must be a positive integer; got {batch_size}")
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size
-        self.num_workers = num_workers
-        self.seed = seed
+        self.options = self.read_options(options)
+        self.check_sizes(self.options)
+        self.batch_size = self.options.batch_size
+        self.eval_batch_size = self.options.eval_batch_size
+        self.num_workers = self.options.num_workers
+        self.seed = self.options.seed
         self.train_set: Dataset | None = None
         self.val_set: Dataset | None = None
         self.test_set: Dataset | None = None

@@ -6,12 +6,14 @@ Both need no download, so the default experiment and the tests run anywhere.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch.utils.data import TensorDataset
 
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.data.checks import check_finite
+from laplace_lab.io.fields import option
 
 TOY2D_KINDS = ("linear", "moons", "circles", "blobs")
 TOY2D_CLASSES = {"linear": 2, "moons": 2, "circles": 2, "blobs": 4}  # labels: arange(n) % classes
@@ -61,17 +63,35 @@ def make_sinusoid(n: int, noise_std: float, generator: torch.Generator) -> tuple
 class Toy2DDataModule(LabDataModule):
     """2-D classification with separate generated train / val / test draws."""
 
+    @dataclass(frozen=True)
+    class Options(LabDataModule.Options):
+        kind: str = option("moons", "str", choices=TOY2D_KINDS)
+        n_train: int = option(500, "int", low=1)
+        n_val: int = option(200, "int", low=0)
+        n_test: int = option(500, "int", low=1)
+        noise: float = option(0.1, "float", low=0)
+
     task = "classification"
     input_shape = (2,)
+    in_memory = True
 
-    def __init__(self, kind: str = "moons", n_train: int = 500, n_val: int = 200, n_test: int = 500,
-                 noise: float = 0.1, **kwargs):
-        super().__init__(**kwargs)
+    @classmethod
+    def check_sizes(cls, options: Options) -> None:
+        """``data.n_train`` at least the classes of ``data.kind`` (labels cycle through the classes:
+        fewer training points would train a network with fewer outputs than the problem has)."""
+        classes = TOY2D_CLASSES[options.kind]
+        if options.n_train < classes:
+            raise ValueError(f"data.n_train={options.n_train} is too small for data.kind={options.kind!r}, which has "
+                             f"{classes} classes (each needs a training point); allowed: integers >= {classes}")
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        o = self.options
         g = torch.Generator().manual_seed(self.seed)
-        self.kind = kind
-        splits = [make_toy2d(kind, n, noise, g) for n in (n_train, n_val, n_test)]
+        self.kind = o.kind
+        splits = [make_toy2d(o.kind, n, o.noise, g) for n in (o.n_train, o.n_val, o.n_test)]
         for X, _ in splits:
-            check_finite(X, "inputs", f"generated toy2d data (data.kind={kind!r}, data.noise={noise})")
+            check_finite(X, "inputs", f"generated toy2d data (data.kind={o.kind!r}, data.noise={o.noise})")
         self.num_outputs = int(splits[0][1].max()) + 1
         self.train_set, self.val_set, self.test_set = (TensorDataset(*s) for s in splits)
         self.train_tensors = splits[0]
@@ -83,16 +103,25 @@ class SinusoidDataModule(LabDataModule):
     Targets are not standardised (``target_mean=0``, ``target_std=1``), so sigma is in data units.
     """
 
+    @dataclass(frozen=True)
+    class Options(LabDataModule.Options):
+        n_train: int = option(150, "int", low=1)
+        n_val: int = option(50, "int", low=0)
+        n_test: int = option(500, "int", low=1)
+        noise_std: float = option(0.3, "float", low=0)
+
     task = "regression"
     input_shape = (1,)
     num_outputs = 1
+    in_memory = True
 
-    def __init__(self, n_train: int = 150, n_val: int = 50, n_test: int = 500, noise_std: float = 0.3, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, **options):
+        super().__init__(**options)
+        o = self.options
         g = torch.Generator().manual_seed(self.seed)
-        self.noise_std = noise_std
-        splits = [make_sinusoid(n, noise_std, g) for n in (n_train, n_val, n_test)]
+        self.noise_std = o.noise_std
+        splits = [make_sinusoid(n, o.noise_std, g) for n in (o.n_train, o.n_val, o.n_test)]
         for _, y in splits:
-            check_finite(y, "targets", f"generated sinusoid data (data.noise_std={noise_std})")
+            check_finite(y, "targets", f"generated sinusoid data (data.noise_std={o.noise_std})")
         self.train_set, self.val_set, self.test_set = (TensorDataset(*s) for s in splits)
         self.target_mean, self.target_std = torch.zeros(1), torch.ones(1)

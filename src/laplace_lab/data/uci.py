@@ -11,6 +11,7 @@ features) or is empty fails when the module is built, naming the file (``split_c
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from torch.utils.data import TensorDataset
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.data.checks import load_index, load_table
 from laplace_lab.data.split_checks import check_uci_split
+from laplace_lab.io.fields import option
 
 UCI_DATASETS = (
     "boston-housing", "concrete", "energy", "kin8nm",
@@ -46,41 +48,44 @@ def check_trainable_size(name: str, y_train: np.ndarray, n_val: int, train_file:
 class UCIDataModule(LabDataModule):
     """One split of one UCI regression set, standardised.
 
-    Args:
-        name: one of ``UCI_DATASETS``.
-        split: index of the standard split, ``0 <= split < n_splits`` (20 for all 8 sets).
-        data_dir: root data directory (the set lives in ``<data_dir>/UCI/<name>``).
-        val_fraction: fraction of the split's training rows held out for validation.
-        dtype: ``float32`` or ``float64``, the tensors' precision (the network follows it).
+    Options: ``name`` (one of ``UCI_DATASETS``); ``split``, the index of the standard split,
+    ``0 <= split < n_splits`` (20 for all 8 sets; the upper bound is read from the set's
+    ``n_splits.txt``); ``data_dir``, the root data directory (the set lives in
+    ``<data_dir>/UCI/<name>``); ``val_fraction``, the fraction of the split's training rows held out
+    for validation; ``dtype``, the tensors' precision (the network follows it).
     """
+
+    @dataclass(frozen=True)
+    class Options(LabDataModule.Options):
+        name: str = option("yacht", "str", choices=UCI_DATASETS)
+        split: int = option(0, "int", low=0)
+        data_dir: str = option("data", "str")
+        val_fraction: float = option(0.1, "float", low=0, high=1, high_open=True)
+        dtype: str = option("float32", "str", choices=tuple(DTYPES))
 
     task = "regression"
     num_outputs = 1
+    in_memory = True
+    validation_option = "val_fraction"
 
-    def __init__(self, name: str = "yacht", split: int = 0, data_dir: str = "data", val_fraction: float = 0.1,
-                 dtype: str = "float32", **kwargs):
-        super().__init__(**kwargs)
-        if dtype not in DTYPES:
-            raise ValueError(f"data.dtype={dtype!r} is not supported; allowed: {list(DTYPES)}")
-        self.dtype = DTYPES[dtype]
-        if name not in UCI_DATASETS:
-            raise ValueError(f"data.name={name!r} is not a UCI set; allowed: {list(UCI_DATASETS)}")
-        self.name, self.split = name, split
-        self.root = Path(data_dir) / "UCI" / name
+    def __init__(self, **options):
+        super().__init__(**options)
+        o = self.options
+        self.dtype = DTYPES[o.dtype]
+        self.name, self.split = o.name, o.split
+        self.root = Path(o.data_dir) / "UCI" / o.name
         missing = [f for f in UCI_FILES if not (self.root / f).is_file()]
         if missing:
             raise FileNotFoundError(
-                f"UCI dataset {name!r} not found: expected {list(UCI_FILES)} and index_train_<i>.txt / "
+                f"UCI dataset {o.name!r} not found: expected {list(UCI_FILES)} and index_train_<i>.txt / "
                 f"index_test_<i>.txt in {self.root} (missing: {missing}). Set paths.data_dir or "
-                f"LAPLACE_LAB_DATA_DIR to a folder containing UCI/{name}/."
+                f"LAPLACE_LAB_DATA_DIR to a folder containing UCI/{o.name}/."
             )
         n_splits = int((self.root / "n_splits.txt").read_text().split()[0])
-        if not 0 <= split < n_splits:
-            raise ValueError(f"data.split={split} is out of range for {name}; allowed: 0..{n_splits - 1}")
-        if not 0.0 <= val_fraction < 1.0:
-            raise ValueError(f"data.val_fraction must be in [0, 1); got {val_fraction}")
+        if not o.split < n_splits:
+            raise ValueError(f"data.split={o.split} is out of range for {o.name}; allowed: 0..{n_splits - 1}")
         self.n_splits = n_splits
-        self.val_fraction = val_fraction
+        self.val_fraction = o.val_fraction
         self._load()
 
     def data_files(self) -> list[Path]:

@@ -23,7 +23,8 @@ from laplace_lab.data.base import LabDataModule, split_off_validation
 from laplace_lab.data.checks import check_finite, check_idx_file, check_labels
 from laplace_lab.data.checksums import check_standard_file
 from laplace_lab.data.size_checks import check_validation_size
-from laplace_lab.data.transformed import check_transform, transform_images
+from laplace_lab.data.transformed import TRANSFORMS, transform_images
+from laplace_lab.io.fields import option
 
 log = logging.getLogger(__name__)
 
@@ -38,23 +39,26 @@ class VisionSpec:
     shape: tuple[int, int, int]
     classes: int
     files: tuple[str, ...]
+    train_images: int | None  # the training split's size (None: fake_data, data.fake_size)
     kwargs: tuple[tuple[str, object], ...] = ()
     split_arg: bool = False  # SVHN takes split="train"/"test" instead of train=True/False
 
 
 VISION_DATASETS: dict[str, VisionSpec] = {
-    "mnist": VisionSpec("MNIST", (1, 28, 28), 10, tuple(f"MNIST/raw/{f}" for f in _MNIST_RAW)),
-    "fashion_mnist": VisionSpec("FashionMNIST", (1, 28, 28), 10, tuple(f"FashionMNIST/raw/{f}" for f in _MNIST_RAW)),
-    "kmnist": VisionSpec("KMNIST", (1, 28, 28), 10, tuple(f"KMNIST/raw/{f}" for f in _MNIST_RAW)),
-    "emnist": VisionSpec(
+    "mnist": VisionSpec("MNIST", (1, 28, 28), 10, tuple(f"MNIST/raw/{f}" for f in _MNIST_RAW), 60000),
+    "fashion_mnist": VisionSpec("FashionMNIST", (1, 28, 28), 10, tuple(f"FashionMNIST/raw/{f}" for f in _MNIST_RAW),
+                                60000),
+    "kmnist": VisionSpec("KMNIST", (1, 28, 28), 10, tuple(f"KMNIST/raw/{f}" for f in _MNIST_RAW), 60000),
+    "emnist": VisionSpec(  # the balanced split
         "EMNIST", (1, 28, 28), 47,
-        tuple(f"EMNIST/raw/emnist-balanced-{f}" for f in _MNIST_RAW),
+        tuple(f"EMNIST/raw/emnist-balanced-{f}" for f in _MNIST_RAW), 112800,
         kwargs=(("split", "balanced"),),
     ),
-    "cifar10": VisionSpec("CIFAR10", (3, 32, 32), 10, ("cifar-10-batches-py/data_batch_1", "cifar-10-batches-py/test_batch")),
-    "cifar100": VisionSpec("CIFAR100", (3, 32, 32), 100, ("cifar-100-python/train", "cifar-100-python/test")),
-    "svhn": VisionSpec("SVHN", (3, 32, 32), 10, ("train_32x32.mat", "test_32x32.mat"), split_arg=True),
-    "fake_data": VisionSpec("FakeData", (3, 32, 32), 10, ()),
+    "cifar10": VisionSpec("CIFAR10", (3, 32, 32), 10, ("cifar-10-batches-py/data_batch_1", "cifar-10-batches-py/test_batch"),
+                          50000),
+    "cifar100": VisionSpec("CIFAR100", (3, 32, 32), 100, ("cifar-100-python/train", "cifar-100-python/test"), 50000),
+    "svhn": VisionSpec("SVHN", (3, 32, 32), 10, ("train_32x32.mat", "test_32x32.mat"), 73257, split_arg=True),
+    "fake_data": VisionSpec("FakeData", (3, 32, 32), 10, (), None),
 }
 
 
@@ -223,11 +227,11 @@ def hold_out_test(test: Dataset, n_holdout: int) -> Dataset:
 class VisionDataModule(LabDataModule):
     """A torchvision classification set with a fixed-seed validation split and OOD test sets.
 
-    Args:
+    Options:
         name: one of ``VISION_DATASETS``.
         data_dir: root data directory (torchvision layout).
         n_val: validation images split off the training set by ``seed``; at most a fifth of it
-            (``data.size_checks``).
+            (``check_sizes``, from ``VisionSpec.train_images``).
         n_train_subset: keep only the first k training images (after the split); ``None`` = all.
         ood: names of out-of-distribution test sets (keys of ``VISION_DATASETS``).
         ood_if_missing: ``error`` (fail at construction) or ``skip`` (one warning line, record in
@@ -245,29 +249,42 @@ class VisionDataModule(LabDataModule):
             sets are never cut (the authors use them whole).
     """
 
+    @dataclass(frozen=True)
+    class Options(LabDataModule.Options):
+        name: str = option("mnist", "str", choices=tuple(VISION_DATASETS))
+        data_dir: str = option("data", "str")
+        n_val: int = option(5000, "int", low=0)
+        n_train_subset: int | None = option(None, "int", low=1, nullable=True)
+        ood: list = option([], "list", choices=tuple(VISION_DATASETS))
+        ood_if_missing: str = option("skip", "str", choices=("error", "skip"))
+        augment: bool = option(False, "bool")
+        download: bool = option(True, "bool")
+        fake_size: int = option(256, "int", low=1)
+        transform: str = option("none", "str", choices=TRANSFORMS)
+        test_holdout: int = option(0, "int", low=0,
+                                   message="{name} must be an integer >= 0 (test images left out); got {value!r}")
+
     task = "classification"
     input_range = (0.0, 1.0)
+    validation_option = "n_val"
+    images = True
 
-    def __init__(self, name: str = "mnist", data_dir: str = "data", n_val: int = 5000,
-                 n_train_subset: int | None = None, ood: list[str] | tuple[str, ...] = (),
-                 ood_if_missing: str = "skip", augment: bool = False, download: bool = True,
-                 fake_size: int = 256, transform: str = "none", test_holdout: int = 0, **kwargs):
-        super().__init__(**kwargs)
-        if isinstance(test_holdout, bool) or not isinstance(test_holdout, int) or test_holdout < 0:
-            raise ValueError(f"data.test_holdout must be an integer >= 0 (test images left out); got {test_holdout!r}")
-        self.test_holdout = test_holdout
-        self.transform = check_transform(transform)
-        for option, value in [("data.name", name)] + [("data.ood", o) for o in ood]:
-            if value not in VISION_DATASETS:
-                raise ValueError(f"{option}={value!r} is not supported; allowed: {sorted(VISION_DATASETS)}")
-        if ood_if_missing not in ("error", "skip"):
-            raise ValueError(f"data.ood_if_missing={ood_if_missing!r}; allowed: ['error', 'skip']")
-        self.name, self.root = name, Path(data_dir)
-        self.n_val, self.n_train_subset, self.augment, self.fake_size = n_val, n_train_subset, augment, fake_size
-        spec = VISION_DATASETS[name]
+    @classmethod
+    def check_sizes(cls, options: Options) -> None:
+        """``data.n_val`` at most a fifth of the set's training images (``fake_data``: ``fake_size``)."""
+        total = VISION_DATASETS[options.name].train_images or options.fake_size
+        check_validation_size(options.name, options.n_val, total)
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        o = self.options
+        self.test_holdout, self.transform = o.test_holdout, o.transform
+        self.name, self.root = o.name, Path(o.data_dir)
+        self.n_val, self.n_train_subset, self.augment, self.fake_size = o.n_val, o.n_train_subset, o.augment, o.fake_size
+        spec = VISION_DATASETS[o.name]
         self.input_shape, self.num_outputs = spec.shape, spec.classes
-        check_or_download(name, self.root, download)
-        self.ood_names, self.ood_skipped = check_ood_sets(list(ood), self.root, ood_if_missing)
+        check_or_download(o.name, self.root, o.download)
+        self.ood_names, self.ood_skipped = check_ood_sets(list(o.ood), self.root, o.ood_if_missing)
         self._loaded = False
 
     def data_files(self) -> list[Path]:

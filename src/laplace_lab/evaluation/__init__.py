@@ -52,7 +52,7 @@ Landscape (``evaluation.landscape``, off by default): ``run_evaluation(..., land
 LandscapeInputs(la, train_set, test_set))`` draws the loss around the MAP beside the fitted
 Laplace's Gaussian (``landscape``, ``landscape_plots``, ``landscape_html``).
 
-Modules: ``config`` (validation), ``metrics``, ``predict`` (running predictors), ``ood``,
+Modules: ``config`` (validation), ``metrics`` (each declared once in ``metric_registry``), ``predict`` (running predictors), ``ood``,
 ``shift``, ``adversarial``, ``toy2d``, ``plots``, ``landscape`` (+ ``_plots``, ``_html``),
 ``report`` (loggers and files), ``runner``.
 """

@@ -24,7 +24,7 @@ def dataset_label(data: Mapping[str, Any]) -> str:
     target = str(data.get("_target_", "")).rsplit(".", 1)[-1]
     if data.get("name"):
         label = str(data["name"])
-        if target == "UCIDataModule" or data.get("split") is not None:
+        if data.get("split") is not None:  # (a UCI set: its split)
             label = f"uci {label} (split {data.get('split')})"
         transform = data.get("transform")
         return label if transform in (None, "none") else f"{label} {transform}"

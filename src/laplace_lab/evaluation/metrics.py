@@ -36,6 +36,16 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from laplace_lab.evaluation.metric_registry import (
+    HIGHER,
+    LOWER,
+    TARGET,
+    Metric,
+    metrics_of,
+    register,
+    register_family,
+)
+
 _EPS = 1e-12
 
 
@@ -46,27 +56,41 @@ def _check(probs: Tensor, y: Tensor) -> None:
         raise ValueError(f"labels must have shape [N]={tuple(probs.shape[:1])}; got {tuple(y.shape)}")
 
 
+def correct(probs: Tensor, y: Tensor) -> Tensor:
+    """Per-point 0/1 correctness of the top class, ``[N]`` float64 (its mean is ``accuracy``)."""
+    _check(probs, y)
+    return (probs.argmax(-1) == y).double()
+
+
+def log_loss(probs: Tensor, y: Tensor) -> Tensor:
+    """Per-point ``-log p(y|x)`` (``p`` clamped at 1e-12), ``[N]`` float64 (its mean is ``nll``)."""
+    _check(probs, y)
+    return -probs.double().gather(1, y.long()[:, None]).squeeze(1).clamp_min(_EPS).log()
+
+
+def brier_score(probs: Tensor, y: Tensor) -> Tensor:
+    """Per-point ``sum_c (p_c - onehot(y)_c)^2``, ``[N]`` float64 (its mean is ``brier``)."""
+    _check(probs, y)
+    onehot = torch.nn.functional.one_hot(y.long(), probs.shape[1]).double()
+    return (probs.double() - onehot).pow(2).sum(1)
+
+
 def per_point(probs: Tensor, y: Tensor) -> dict[str, Tensor]:
     """``{acc, nll, brier}`` of every point, ``[N]`` float64: the means are ``accuracy``, ``nll``
     and ``brier``."""
-    _check(probs, y)
-    p = probs.double()
-    onehot = torch.nn.functional.one_hot(y.long(), probs.shape[1]).double()
-    return {"acc": (probs.argmax(-1) == y).double(),
-            "nll": -p.gather(1, y.long()[:, None]).squeeze(1).clamp_min(_EPS).log(),
-            "brier": (p - onehot).pow(2).sum(1)}
+    return {"acc": correct(probs, y), "nll": log_loss(probs, y), "brier": brier_score(probs, y)}
 
 
 def accuracy(probs: Tensor, y: Tensor) -> float:
-    return per_point(probs, y)["acc"].mean().item()
+    return correct(probs, y).mean().item()
 
 
 def nll(probs: Tensor, y: Tensor) -> float:
-    return per_point(probs, y)["nll"].mean().item()
+    return log_loss(probs, y).mean().item()
 
 
 def brier(probs: Tensor, y: Tensor) -> float:
-    return per_point(probs, y)["brier"].mean().item()
+    return brier_score(probs, y).mean().item()
 
 
 def confidence(probs: Tensor) -> Tensor:
@@ -157,17 +181,11 @@ def calibration_bins(probs: Tensor, y: Tensor, n_bins: int = 15) -> dict[str, Te
     }
 
 
-def classification_metrics(probs: Tensor, y: Tensor, n_bins: int = 15) -> dict[str, float]:
-    """``{acc, nll, brier, ece, mce, conf, entropy}`` for one predictor on one set."""
-    return {
-        "acc": accuracy(probs, y),
-        "nll": nll(probs, y),
-        "brier": brier(probs, y),
-        "ece": ece(probs, y, n_bins),
-        "mce": mce(probs, y, n_bins),
-        "conf": mean_confidence(probs),
-        "entropy": mean_entropy(probs),
-    }
+def classification_metrics(probs: Tensor, y: Tensor, n_bins: int = 15, section: str | None = None) -> dict[str, float]:
+    """Every registered classification metric of one predictor on one labelled set, in
+    registration order: ``{acc, nll, brier, ece, mce, conf, entropy}`` (``section="test"`` adds
+    ``ece_redux``, the metrics declared for that section only)."""
+    return {m.key: m.compute(probs, y, n_bins) for m in metrics_of("classification", section)}
 
 
 # ----------------------------------------------------------------------------------- OOD
@@ -191,14 +209,9 @@ def fpr_at_tpr(score_in: Tensor, score_out: Tensor, tpr: float = 0.95) -> float:
 
 
 def ood_metrics(probs_in: Tensor, probs_out: Tensor) -> dict[str, float]:
-    """``{conf, entropy, auroc, fpr95}`` of one predictor on one OOD set (``conf`` on OOD)."""
-    c_in, c_out = confidence(probs_in), confidence(probs_out)
-    return {
-        "conf": c_out.double().mean().item(),
-        "entropy": mean_entropy(probs_out),
-        "auroc": auroc(c_in, c_out),
-        "fpr95": fpr_at_tpr(c_in, c_out, 0.95),
-    }
+    """Every registered OOD metric of one predictor on one OOD set: ``{conf, entropy, auroc,
+    fpr95}`` (``conf`` and ``entropy`` on the OOD set, max-confidence as the detection score)."""
+    return {m.key: m.compute(probs_in, probs_out) for m in metrics_of("ood")}
 
 
 # ---------------------------------------------------------------------------- regression
@@ -240,7 +253,8 @@ def coverage_key(level: float) -> str:
 def regression_metrics(mean: Tensor, var: Tensor, y: Tensor, target_mean=0.0, target_std=1.0,
                        levels: Sequence[float] = (0.5, 0.9, 0.95),
                        y_standardised: bool = True) -> dict[str, float]:
-    """``{ll, rmse, cov_50, cov_90, cov_95}`` in original target units.
+    """Every registered regression metric, ``{ll, rmse}``, and the coverage of each central
+    interval in ``levels`` (``cov_50, cov_90, cov_95``), in original target units.
 
     ``mean``/``var``: ``[N, O]`` in standardised units; ``y``: ``[N, O]`` (or ``[N]`` when O=1),
     standardised unless ``y_standardised=False``.
@@ -248,10 +262,66 @@ def regression_metrics(mean: Tensor, var: Tensor, y: Tensor, target_mean=0.0, ta
     if (var <= 0).any():
         raise ValueError("regression predictive variances must be positive")
     mean, var, y = to_original_units(mean, var, y, target_mean, target_std, y_standardised)
-    out = {
-        "ll": gaussian_log_likelihood(mean, var, y).mean().item(),
-        "rmse": (y - mean).pow(2).mean().sqrt().item(),
-    }
-    for q in levels:
-        out[coverage_key(q)] = coverage(mean, var, y, q)
-    return out
+    metrics = [*metrics_of("regression"), *(coverage_metric(q) for q in levels)]
+    return {m.key: m.compute(mean, var, y) for m in metrics}
+
+
+def mean_log_likelihood(mean: Tensor, var: Tensor, y: Tensor) -> float:
+    """Mean over points of the Gaussian log density summed over outputs (``ll``)."""
+    return gaussian_log_likelihood(mean, var, y).mean().item()
+
+
+def rmse(mean: Tensor, var: Tensor, y: Tensor) -> float:
+    """Root mean squared error over all points and outputs (``var`` unused)."""
+    return (y - mean).pow(2).mean().sqrt().item()
+
+
+def coverage_metric(level: float) -> Metric:
+    """The ``cov_<percent>`` metric of the central ``level`` interval (better: closer to ``level``)."""
+    pct = f"{100 * level:.6g}"
+    return Metric(coverage_key(level), "regression", f"{pct}% coverage", TARGET,
+                  lambda mean, var, y: coverage(mean, var, y, level), tolerance=0.005, target=level,
+                  noise="bootstrap", summary_label=f"coverage of central {pct}% intervals")
+
+
+def _coverage_member(percent: str) -> Metric | None:
+    try:
+        level = float(percent) / 100
+    except ValueError:
+        return None
+    return coverage_metric(level) if 0 < level < 1 else None
+
+
+def _ood_scores(probs_in: Tensor, probs_out: Tensor) -> tuple[Tensor, Tensor]:
+    return confidence(probs_in), confidence(probs_out)
+
+
+# ------------------------------------------------------------------------- the registry
+# One declaration per metric (``metric_registry``): the order here is the order of a run's dicts
+# and tables. Tolerances: the console summary's "same" (``evaluation.summary``).
+for _metric in (
+    Metric("acc", "classification", "accuracy", HIGHER, lambda p, y, n_bins: accuracy(p, y), tolerance=0.0005,
+           noise="paired", per_point=correct),
+    Metric("nll", "classification", "NLL", LOWER, lambda p, y, n_bins: nll(p, y), tolerance=0.002,
+           noise="paired", per_point=log_loss),
+    Metric("brier", "classification", "Brier score", LOWER, lambda p, y, n_bins: brier(p, y), tolerance=0.002,
+           noise="paired", per_point=brier_score),
+    Metric("ece", "classification", "ECE", LOWER, ece, tolerance=0.002, noise="bootstrap"),
+    Metric("mce", "classification", "MCE", LOWER, mce),
+    Metric("conf", "classification", "mean confidence", None, lambda p, y, n_bins: mean_confidence(p)),
+    Metric("entropy", "classification", "mean entropy (nats)", None, lambda p, y, n_bins: mean_entropy(p)),
+    Metric("ece_redux", "classification", "ECE (Laplace Redux code)", LOWER, lambda p, y, n_bins: ece_redux(p, y),
+           sections=("test",)),
+    Metric("conf", "ood", "mean confidence", LOWER, lambda p_in, p_out: mean_confidence(p_out), tolerance=0.002,
+           noise="paired", per_point=lambda p_in, p_out: confidence(p_out).double(),
+           summary_label="mean confidence on {name}", short="confidence on {name}"),
+    Metric("entropy", "ood", "mean entropy (nats)", HIGHER, lambda p_in, p_out: mean_entropy(p_out)),
+    Metric("auroc", "ood", "AUROC", HIGHER, lambda p_in, p_out: auroc(*_ood_scores(p_in, p_out)), tolerance=0.002,
+           noise="bootstrap", summary_label="AUROC test vs {name}", short="AUROC vs {name}"),
+    Metric("fpr95", "ood", "FPR at 95% TPR", LOWER, lambda p_in, p_out: fpr_at_tpr(*_ood_scores(p_in, p_out), 0.95)),
+    Metric("ll", "regression", "log likelihood", HIGHER, mean_log_likelihood, tolerance=0.002, noise="bootstrap",
+           summary_label="test log likelihood per point"),
+    Metric("rmse", "regression", "RMSE", LOWER, rmse, tolerance=1e-4, noise="bootstrap"),
+):
+    register(_metric)
+register_family("regression", "cov_", _coverage_member)

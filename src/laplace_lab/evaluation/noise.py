@@ -8,7 +8,8 @@ differences d (``paired_mean_se``: what the bootstrap below estimates, without i
 statistics (ECE, AUROC, and the regression metrics, RMSE among them) use ``N_BOOT`` bootstrap
 resamples that draw the points with replacement (the same indices for both predictors; a fixed seed):
 the standard error is the standard deviation of the difference over the resamples. For an OOD set
-the test points and the OOD points are drawn independently (AUROC needs both).
+the test points and the OOD points are drawn independently (AUROC needs both). Which metric gets
+which estimate is its declared ``noise`` rule (``metric_registry``; ``None``: not estimated).
 
 Keys: ``noise/<the metric's key less the predictor>``, e.g. ``noise/test/nll``,
 ``noise/ood/far_away/auroc``, ``noise/toy2d/far/conf``.
@@ -22,6 +23,7 @@ import torch
 from torch import Tensor
 
 from laplace_lab.evaluation import metrics as M
+from laplace_lab.evaluation.metric_registry import lookup, metrics_of
 
 N_BOOT = 200  # resamples: the standard error's own relative error is about 1 / sqrt(2 N_BOOT) = 5%
 SEED = 0
@@ -45,26 +47,36 @@ def paired_mean_se(d: Tensor) -> float:
     return (d.std() / len(d) ** 0.5).item() if len(d) > 1 else 0.0
 
 
+def _paired_and_bootstrap(kind: str, args_map: tuple, args_la: tuple, sizes: tuple[int, ...], n_boot: int,
+                          resample: Callable, **options) -> dict[str, float]:
+    """Standard errors of la - map of every registered ``kind`` metric with a noise rule: the
+    ``paired`` ones from their per-point values, the ``bootstrap`` ones over ``n_boot`` resamples
+    (``resample(args, *idx)``: the arguments restricted to one resample)."""
+    metrics = [m for m in metrics_of(kind) if m.noise]
+    out = {m.key: paired_mean_se(m.per_point(*args_la) - m.per_point(*args_map)) for m in metrics if m.noise == "paired"}
+    boot = [m for m in metrics if m.noise == "bootstrap"]
+    if boot:
+        def diff(*idx):
+            a, b = resample(args_map, *idx), resample(args_la, *idx)
+            return {m.key: m.compute(*b, **options) - m.compute(*a, **options) for m in boot}
+
+        out |= bootstrap_se(diff, sizes, n_boot)
+    return out
+
+
 def classification_noise(p_map: Tensor, p_la: Tensor, y: Tensor, n_bins: int, n_boot: int = N_BOOT) -> dict[str, float]:
-    """``{nll, ece, brier, acc}``: standard errors of la - map on one labelled set (``[N, C]`` probs)."""
-    a, b = M.per_point(p_map, y), M.per_point(p_la, y)
-    means = {k: paired_mean_se(b[k] - a[k]) for k in a}
-    ece = bootstrap_se(lambda idx: {"ece": M.ece(p_la[idx], y[idx], n_bins) - M.ece(p_map[idx], y[idx], n_bins)},
-                       (len(y),), n_boot)
-    return {**means, **ece}
+    """Standard errors of la - map on one labelled set (``[N, C]`` probs) of every classification
+    metric with a noise rule (``metric_registry``): ``{acc, nll, brier, ece}``."""
+    return _paired_and_bootstrap("classification", (p_map, y), (p_la, y), (len(y),), n_boot,
+                                 lambda args, idx: (args[0][idx], args[1][idx]), n_bins=n_bins)
 
 
 def ood_noise(in_map: Tensor, in_la: Tensor, out_map: Tensor, out_la: Tensor, n_boot: int = N_BOOT) -> dict[str, float]:
-    """``{conf, auroc}``: standard errors of la - map of the mean confidence on an OOD set and of
-    the AUROC test vs that set (probs ``[N_in, C]`` and ``[N_out, C]``)."""
-    c_in = {"map": M.confidence(in_map), "la": M.confidence(in_la)}
-    c_out = {"map": M.confidence(out_map), "la": M.confidence(out_la)}
-
-    def diff(i, o):
-        return {"auroc": M.auroc(c_in["la"][i], c_out["la"][o]) - M.auroc(c_in["map"][i], c_out["map"][o])}
-
-    return {"conf": paired_mean_se(c_out["la"].double() - c_out["map"].double()),
-            **bootstrap_se(diff, (len(in_map), len(out_map)), n_boot)}
+    """Standard errors of la - map of every OOD metric with a noise rule: ``{conf, auroc}``, the
+    mean confidence on an OOD set and the AUROC test vs that set (probs ``[N_in, C]`` and
+    ``[N_out, C]``; test and OOD points resampled independently)."""
+    return _paired_and_bootstrap("ood", (in_map, out_map), (in_la, out_la), (len(in_map), len(out_map)), n_boot,
+                                 lambda args, i, o: (args[0][i], args[1][o]))
 
 
 def mean_noise(map_values: Tensor, la_values: Tensor) -> float:
@@ -75,12 +87,12 @@ def mean_noise(map_values: Tensor, la_values: Tensor) -> float:
 
 def regression_noise(map_out: tuple[Tensor, Tensor], la_out: tuple[Tensor, Tensor], y: Tensor,
                      n_boot: int = N_BOOT, **units) -> dict[str, float]:
-    """Standard errors of la - map of every ``metrics.regression_metrics`` value (``(mean, var)``
-    per predictor; ``units``: that function's keyword arguments)."""
+    """Standard errors of la - map of every ``metrics.regression_metrics`` value with a noise rule
+    (all by bootstrap; ``(mean, var)`` per predictor; ``units``: that function's keyword arguments)."""
     def diff(idx):
         a = M.regression_metrics(map_out[0][idx], map_out[1][idx], y[idx], **units)
         b = M.regression_metrics(la_out[0][idx], la_out[1][idx], y[idx], **units)
-        return {k: b[k] - a[k] for k in a}
+        return {k: b[k] - a[k] for k in a if lookup(k, "regression").noise}
 
     return bootstrap_se(diff, (len(y),), n_boot)
 

@@ -19,6 +19,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from laplace_lab.evaluation.labels import predictor_label
+from laplace_lab.evaluation.metric_registry import label as metric_label
 
 # seaborn's "colorblind" palette (10 colours, cycled beyond)
 COLORBLIND = ("#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc",
@@ -126,7 +127,9 @@ def confidence_histograms(conf: pd.DataFrame, title: str = "", captions: dict[st
 
 def metric_curves(df: pd.DataFrame, x: str, metrics: Sequence[str], xlabel: str | None = None,
                   title: str = "", style: str | None = None) -> Figure:
-    """One panel per metric: ``metric`` against ``x``, one line per predictor (``hue``)."""
+    """One panel per classification metric: ``metric`` against ``x``, one line per predictor
+    (``hue``), the y axis named by the metric's registered label (``metric_registry.label``:
+    ``nll`` -> NLL)."""
     fig, axes = new_figure(1, len(metrics), size=(3.4, 2.8))
     df = _shown(df)
     names = list(dict.fromkeys(df["predictor"]))
@@ -134,7 +137,7 @@ def metric_curves(df: pd.DataFrame, x: str, metrics: Sequence[str], xlabel: str 
         ax = axes[0, j]
         _seaborn().lineplot(df, x=x, y=m, hue="predictor", style=style, marker="o", palette=palette(names),
                      hue_order=names, ax=ax, legend=j == len(metrics) - 1)
-        ax.set(xlabel=xlabel or x, ylabel=m)
+        ax.set(xlabel=xlabel or x, ylabel=metric_label(m, "classification"))
     if title:
         fig.suptitle(title)
     return fig

@@ -254,7 +254,7 @@ def _classification(ctx: _Context, test_loader, ood_loaders, attack_model, datas
         rep.add_metrics({noise_key("test", k): v for k, v in classification_noise(probs[MAP], probs[LAPLACE], y,
                                                                                   cfg.n_bins).items()})
     for name, p in probs.items():
-        m = {**M.classification_metrics(p, y, cfg.n_bins), "ece_redux": M.ece_redux(p, y)}
+        m = M.classification_metrics(p, y, cfg.n_bins, section="test")
         ece[name] = m["ece"]
         rep.add_metrics(_prefixed("test", None, name, m))
         b = M.calibration_bins(p, y, cfg.n_bins)

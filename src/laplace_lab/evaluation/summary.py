@@ -14,6 +14,10 @@ are, the verdict is ``worse than chance (both)``, when one is, the verdict says 
 sets, the toy grid's border, rotated test sets), that name what improved and, plainly, what got
 worse.
 
+Which metrics of the test set and the OOD sets it judges, their labels, directions and tolerances:
+the registered metrics with a tolerance (``metric_registry``), so a new metric declared there is in
+the summary without a change here.
+
 Nothing is hidden: a metric that got worse is listed as worse, also when it is one the
 literature expects Laplace to improve.
 """
@@ -24,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from laplace_lab.evaluation.metric_registry import Metric, in_order, lookup, metrics_of
 from laplace_lab.evaluation.noise import noise_key
 
 MAP, LAPLACE = "map", "la"
@@ -32,16 +37,23 @@ CHANCE_AUROC = 0.5
 
 
 @dataclass(frozen=True)
-class Metric:
-    """How to read one metric: its label, its short name for the closing lines, which direction
-    is better (``+1`` higher, ``-1`` lower, ``0`` closer to ``target``) and the difference up to
-    which the two predictors count as the same."""
+class Judged:
+    """How the summary reads one metric: its label, its short name for the closing lines, which
+    direction is better (``+1`` higher, ``-1`` lower, ``0`` closer to ``target``) and the difference
+    up to which the two predictors count as the same."""
 
     label: str
     short: str
     direction: int
     tolerance: float
     target: float | None = None
+
+    @classmethod
+    def of(cls, metric: Metric, name: str = "", short_name: str | None = None) -> Judged:
+        """From a registered metric (``name`` / ``short_name``: the OOD set in its label / short name)."""
+        label, short = metric.summary_text()
+        return cls(label.format(name=name), short.format(name=name if short_name is None else short_name),
+                   metric.direction, metric.tolerance, metric.target)
 
 
 @dataclass(frozen=True)
@@ -59,26 +71,11 @@ class Change:
         return self.key.startswith("test/")
 
 
-TEST_METRICS = {
-    "nll": Metric("test NLL", "NLL", -1, 0.002),
-    "ece": Metric("test ECE", "ECE", -1, 0.002),
-    "brier": Metric("test Brier score", "Brier score", -1, 0.002),
-    "acc": Metric("test accuracy", "accuracy", +1, 0.0005),
-    "ll": Metric("test log likelihood per point", "log likelihood", +1, 0.002),
-    "rmse": Metric("test RMSE", "RMSE", -1, 1e-4),
-    "cov_50": Metric("coverage of central 50% intervals", "50% coverage", 0, 0.005, 0.50),
-    "cov_90": Metric("coverage of central 90% intervals", "90% coverage", 0, 0.005, 0.90),
-    "cov_95": Metric("coverage of central 95% intervals", "95% coverage", 0, 0.005, 0.95),
-}
-OOD_METRICS = {  # per OOD set; {name} is the set's name
-    "conf": Metric("mean confidence on {name}", "confidence on {name}", -1, 0.002),
-    "auroc": Metric("AUROC test vs {name}", "AUROC vs {name}", +1, 0.002),
-}
 OOD_NAMES = {"far_away": "far-away inputs (test x {alpha})", "noise": "uniform noise"}
-ROTATED = {"nll": "NLL", "ece": "ECE"}
+ROTATED = ("nll", "ece")  # the metrics averaged over the rotation angles
 
 
-def _verdict(metric: Metric, map_value: float, la_value: float, se: float | None = None,
+def _verdict(metric: Judged, map_value: float, la_value: float, se: float | None = None,
              auroc: bool = False) -> str:
     """The module's verdicts; ``se``: the standard error of la - map, ``auroc``: the metric is an
     AUROC (chance level 0.5)."""
@@ -97,6 +94,12 @@ def _verdict(metric: Metric, map_value: float, la_value: float, se: float | None
     return f"{verdict} ({below[0]} worse than chance)" if below else verdict
 
 
+def _test_metrics(metrics: dict[str, float]) -> list[Metric]:
+    """The registered test-set metrics the summary judges (a tolerance) that the MAP has, in order."""
+    found = (lookup(k.rsplit("/", 1)[-1]) for k in metrics if k.startswith(f"test/{MAP}/") and k.count("/") == 2)
+    return in_order([m for m in found if m is not None and m.in_summary])
+
+
 def _pair(metrics: dict[str, float], prefix: str, name: str) -> tuple[float, float] | None:
     a, b = metrics.get(f"{prefix}/{MAP}/{name}"), metrics.get(f"{prefix}/{LAPLACE}/{name}")
     return None if a is None or b is None else (float(a), float(b))
@@ -109,32 +112,32 @@ def laplace_changes(metrics: dict[str, float], far_away_alpha: float | None = No
     rotation angles."""
     changes = []
 
-    def add(key: str, metric: Metric, pair: tuple[float, float] | None) -> None:
+    def add(key: str, metric: Judged, pair: tuple[float, float] | None) -> None:
         if pair is not None:
             se = metrics.get(noise_key(key))
             se = None if se is None else float(se)
             verdict = _verdict(metric, *pair, se=se, auroc=key.endswith("/auroc"))
             changes.append(Change(key, metric.label, metric.short, pair[0], pair[1], verdict, se))
 
-    for name, metric in TEST_METRICS.items():
-        add(f"test/{name}", metric, _pair(metrics, "test", name))
+    for metric in _test_metrics(metrics):
+        add(f"test/{metric.key}", Judged.of(metric), _pair(metrics, "test", metric.key))
     ood_sets = {k.split("/")[1] for k in metrics if k.startswith("ood/") and k.count("/") == 3}
     alpha = "alpha" if far_away_alpha is None else f"{far_away_alpha:g}"
     for ood in sorted(ood_sets, key=lambda s: (s != "far_away", s)):
         set_name = OOD_NAMES.get(ood, ood).format(alpha=alpha)
-        for name, m in OOD_METRICS.items():
-            metric = Metric(m.label.format(name=set_name), m.short.format(name=ood.replace("_", "-")),
-                            m.direction, m.tolerance)
-            add(f"ood/{ood}/{name}", metric, _pair(metrics, f"ood/{ood}", name))
-    add("toy2d/far/conf", Metric("mean confidence on the zoomed-out toy grid's border", "confidence on the toy "
-                                 "grid's border", -1, 0.002), _pair(metrics, "toy2d/far", "conf"))
-    for name, label in ROTATED.items():
+        for m in (m for m in metrics_of("ood") if m.in_summary):
+            add(f"ood/{ood}/{m.key}", Judged.of(m, set_name, ood.replace("_", "-")), _pair(metrics, f"ood/{ood}", m.key))
+    away = lookup("conf", "ood")  # the toy grid's border is judged like an OOD set's confidence
+    add("toy2d/far/conf", Judged("mean confidence on the zoomed-out toy grid's border", "confidence on the toy "
+                                 "grid's border", away.direction, away.tolerance), _pair(metrics, "toy2d/far", "conf"))
+    for name in ROTATED:
+        m = lookup(name, "classification")
         views = sorted({k.split("/")[1] for k in metrics if k.startswith("shift/rot_") and k.endswith(f"/{MAP}/{name}")})
         pairs = [p for p in (_pair(metrics, f"shift/{v}", name) for v in views) if p is not None]
         if pairs:
             mean = (sum(p[0] for p in pairs) / len(pairs), sum(p[1] for p in pairs) / len(pairs))
-            add(f"shift/rot_mean/{name}", Metric(f"{label} on rotated test sets, mean of {len(pairs)} angles",
-                                                 f"{label} under rotation", -1, TEST_METRICS[name].tolerance), mean)
+            add(f"shift/rot_mean/{name}", Judged(f"{m.label} on rotated test sets, mean of {len(pairs)} angles",
+                                                 f"{m.label} under rotation", m.direction, m.tolerance), mean)
     return changes
 
 

@@ -11,7 +11,8 @@ Per-epoch rows of ``csv/metrics.csv`` are those with an ``epoch`` (Lightning's 0
 here as ``epoch + 1``: the value after that epoch's eta step); the final-metrics row has none.
 
 ``shift_rotation``: the rotated-test-set curves of each job's ``tables/shift_rotation.csv``
-(accuracy, NLL, ECE, confidence against the angle), one line per group and predictor, the mean
+(accuracy, NLL, ECE, confidence against the angle, each axis named by the metric's registered
+label, ``evaluation.metric_registry``), one line per group and predictor, the mean
 over the group's seeds with error bars of one standard error (sample std / sqrt(n)), the tables'
 convention. Every figure has the evaluation's style (``evaluation.plots.new_figure``).
 """
@@ -94,6 +95,7 @@ def mean_and_se(values: list[float]) -> tuple[float, float]:
 
 def _draw_seed_curves(name: str, spec: SeedCurves, groups: dict[str, list[Path]], out: Path) -> Path | None:
     from laplace_lab.evaluation.labels import predictor_label
+    from laplace_lab.evaluation.metric_registry import label as metric_label
     from laplace_lab.evaluation.plots import new_figure, palette
 
     curves = {(label, p): by_x for label, jobs in groups.items() for p, by_x in seed_curves(jobs, spec).items()}
@@ -109,7 +111,7 @@ def _draw_seed_curves(name: str, spec: SeedCurves, groups: dict[str, list[Path]]
             stats = [mean_and_se([r[metric] for r in by_x[x] if metric in r]) for x in xs]
             ax.errorbar(xs, [m for m, _ in stats], yerr=[se for _, se in stats], marker="o", markersize=3,
                         capsize=2, linewidth=1.2, color=colors[f"{group} {pred}"], label=line_label)
-            ax.set(xlabel=spec.xlabel, ylabel=metric)
+            ax.set(xlabel=spec.xlabel, ylabel=metric_label(metric, "classification"))
     fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="outside lower center", fontsize="small", frameon=False)
     table = out.parent.name.removesuffix("_figures")  # <results dir>/<table>_figures/<name>.png
     fig.suptitle(f"{table}: {name}, mean over seeds, error bars one standard error")

@@ -9,7 +9,12 @@ Spec (all keys but ``where`` and ``lower_is_better`` required)::
       within: [data.name]                   # one ranking per value of these keys
       targets: [test/la/acc, test/la/nll]   # held-out metrics to compare the ranking with
       where: {method_name: online_kron}     # optional: only runs with these values
-      lower_is_better: [nll]                # optional: extra metric-name parts where lower is better
+      lower_is_better: [my_loss]            # optional: metric-name parts where lower is better
+
+A target's direction (which value is better) is its registered metric's
+(``evaluation.metric_registry``; coverage: closer to the nominal level; a derived ``mean(<pattern>)``:
+its pattern's metric), a metric whose name contains a ``lower_is_better`` part is lower-is-better, and
+an unregistered one (e.g. a ``laplace/...`` key) higher-is-better.
 
 Per ``within`` group the candidates' means over runs are ranked by ``score`` and by each target;
 the agreement is Kendall's tau (+1: same order, -1: reversed) and whether the score's best
@@ -26,11 +31,12 @@ scatter) beside the score: why the score ranks the candidates as it does.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
+from laplace_lab.reporting.derived_metrics import DERIVED
 from laplace_lab.reporting.summary_stats import mean_se
 
-LOWER_IS_BETTER = ("nll", "ece", "brier", "rmse", "fpr95", "mmc", "error")
 SPEC_KEYS = ("score", "candidates", "within", "targets", "where", "lower_is_better")
 EVIDENCE = "laplace/log_marglik"
 EVIDENCE_TERMS = ("laplace/log_lik", "laplace/log_det_ratio", "laplace/scatter")
@@ -45,13 +51,34 @@ def validate_spec(spec: dict[str, Any]) -> dict[str, Any]:
     missing = [k for k in ("score", "candidates", "within", "targets") if not spec.get(k)]
     if missing:
         raise ValueError(f"aggregate.model_selection needs {missing}")
-    return {"where": {}, "lower_is_better": [], **spec}
+    spec = {"where": {}, "lower_is_better": [], **spec}
+    for target in spec["targets"]:
+        orientation(target, tuple(spec["lower_is_better"]))  # no better direction: refused before any run
+    return spec
 
 
-def higher_is_better(metric: str, lower: tuple[str, ...] = LOWER_IS_BETTER) -> bool:
-    """Direction of a metric from the parts of its name (``test/la/nll`` -> lower is better)."""
+def orientation(metric: str, lower: tuple[str, ...] = ()) -> Callable[[float], float]:
+    """``value -> goodness`` (higher is better) of a target metric (direction: module docstring);
+    a ValueError for a registered metric with no better side (e.g. the test set's mean confidence)."""
+    # imported here: the registry's metrics import torch (needed at aggregation, not before)
+    from laplace_lab.evaluation.metric_registry import lookup
+
     name = metric.rsplit("/", 1)[-1].lower()
-    return not any(part in name for part in lower)
+    if any(part in name for part in lower):
+        return lambda v: -v
+    derived = DERIVED.match(metric)
+    registered = lookup(derived["pattern"] if derived else metric)
+    if registered is None:
+        return lambda v: v
+    if registered.direction is None:
+        raise ValueError(f"aggregate.model_selection target {metric!r}: {registered.label} has no better "
+                         "direction to rank by; choose another target or name it in lower_is_better")
+    return registered.goodness
+
+
+def higher_is_better(metric: str, lower: tuple[str, ...] = ()) -> bool:
+    """Whether a larger value of ``metric`` is better (``test/la/nll`` -> False; ``orientation``)."""
+    return orientation(metric, lower)(1.0) > orientation(metric, lower)(0.0)
 
 
 def kendall_tau(a: list[float], b: list[float]) -> float:
@@ -69,16 +96,17 @@ def _mean(values: list[float]) -> float:
     return math.fsum(values) / len(values) if values else math.nan
 
 
-def _agreement(score: list[float], target: list[float], sign: float) -> tuple[float, bool | None]:
-    """(Kendall tau, whether the best by score is the best by target) over the finite pairs."""
-    target = [sign * v for v in target]
+def _agreement(score: list[float], target: list[float], orient: Callable[[float], float]) -> tuple[float, bool | None]:
+    """(Kendall tau, whether the best by score is the best by target) over the finite pairs
+    (``orient``: a target value as goodness, higher is better)."""
+    target = [orient(v) for v in target]
     ok = [i for i in range(len(score)) if math.isfinite(score[i]) and math.isfinite(target[i])]
     tau = kendall_tau([score[i] for i in ok], [target[i] for i in ok])
     top = (max(ok, key=lambda i: score[i]) == max(ok, key=lambda i: target[i])) if ok else None
     return tau, top
 
 
-def _per_seed_tau(cands: dict[tuple, list], metric: str, score: str, sign: float,
+def _per_seed_tau(cands: dict[tuple, list], metric: str, score: str, orient: Callable[[float], float],
                   seed_keys: tuple[str, ...]) -> list[float]:
     """Tau of ``metric`` vs ``score`` for each seed that every candidate ran (one run per seed)."""
     by_seed = [{tuple(r.value(k) for k in seed_keys): r for r in runs} for runs in cands.values()]
@@ -87,7 +115,7 @@ def _per_seed_tau(cands: dict[tuple, list], metric: str, score: str, sign: float
     for seed in common:
         runs = [s[seed] for s in by_seed]
         tau, _ = _agreement([r.metrics.get(score, math.nan) for r in runs],
-                            [r.metrics.get(metric, math.nan) for r in runs], sign)
+                            [r.metrics.get(metric, math.nan) for r in runs], orient)
         if math.isfinite(tau):
             taus.append(tau)
     return taus
@@ -99,7 +127,7 @@ def rank_candidates(runs: list, spec: dict[str, Any], seed_keys: tuple[str, ...]
 
     ``runs`` are ``tables.Run`` objects (``value(key)`` and ``metrics``)."""
     spec = validate_spec(spec)
-    lower = LOWER_IS_BETTER + tuple(spec["lower_is_better"])
+    lower = tuple(spec["lower_is_better"])
     chosen = [r for r in runs if all(r.value(k) == str(v) for k, v in spec["where"].items())]
     groups: dict[tuple, dict[tuple, list]] = {}
     for r in chosen:
@@ -118,10 +146,10 @@ def rank_candidates(runs: list, spec: dict[str, Any], seed_keys: tuple[str, ...]
         score = means[spec["score"]]
         agreement, per_seed = {}, {}
         for t in spec["targets"]:
-            sign = 1.0 if higher_is_better(t, lower) else -1.0
-            tau, top = _agreement(score, means[t], sign)
+            orient = orientation(t, lower)
+            tau, top = _agreement(score, means[t], orient)
             agreement[t] = {"kendall_tau": tau, "top_agrees": top}
-            per_seed[t] = mean_se(_per_seed_tau(cands, t, spec["score"], sign, tuple(seed_keys)))
+            per_seed[t] = mean_se(_per_seed_tau(cands, t, spec["score"], orient, tuple(seed_keys)))
         out.append({"within": dict(zip(spec["within"], within)),
                     "candidates": [dict(zip(spec["candidates"], c)) for c in names],
                     "n_runs": [len(cands[c]) for c in names], "means": means, "agreement": agreement,

@@ -9,8 +9,8 @@
 ``choose_loop`` returns the chosen loop's object (``training.loops``: ``PLAIN`` or ``LIGHTNING``);
 this is the one place that reads the ``trainer.loop`` string.
 
-A run qualifies when ``lightning_needs(run)`` is empty: in-memory tensor data (UCI, sinusoid,
-toy2d) read in the main process; one CPU or CUDA device; the trainer options at values the plain
+A run qualifies when ``lightning_needs(run)`` is empty: in-memory tensor data read in the main
+process (a data module that declares ``in_memory``: UCI, sinusoid, toy2d); one CPU or CUDA device; the trainer options at values the plain
 loop runs as Lightning does (``PLAIN_TRAINER``: no gradient clipping, all batches, validation
 at epoch ends, no model summary, ...); no wandb logger, no checkpoints (saving or resuming), no
 augmentation callback, no fused online marglik.
@@ -23,12 +23,12 @@ from collections.abc import Callable
 from typing import Any
 
 from laplace_lab.config.schema import TRAINER, TRAINER_KEYS, RunConfig
+from laplace_lab.data.registry import data_modules, required_class
 from laplace_lab.training.loops import LIGHTNING, PLAIN, TrainingLoop
 from laplace_lab.training.plain_loop import resolve_device
 
 log = logging.getLogger(__name__)
 LOOPS = ("auto", "lightning", "plain")  # the choices of trainer.loop (config.schema.TrainerConfig)
-IN_MEMORY_DATA = ("UCIDataModule", "SinusoidDataModule", "Toy2DDataModule")  # laplace_lab.data classes
 
 
 def _one(v: Any) -> bool:
@@ -74,9 +74,9 @@ def lightning_needs(run: RunConfig) -> list[str]:
     accelerator = str(run.trainer.accelerator).lower()
     if accelerator in ("auto", "gpu") and _mps_only():
         needs.append(f"trainer.accelerator={accelerator!r} on Apple MPS (plain loop: CPU or CUDA)")
-    target = str(run.data.get("_target_", ""))
-    if target.rpartition(".")[2] not in IN_MEMORY_DATA or not target.startswith("laplace_lab.data."):
-        needs.append(f"data._target_={target!r} (plain loop: in-memory data, laplace_lab.data.{{{', '.join(IN_MEMORY_DATA)}}})")
+    if not required_class(run.data).in_memory:  # (the data module declares it)
+        in_memory = list(data_modules(lambda cls: cls.in_memory))
+        needs.append(f"data._target_={run.data.get('_target_')!r} (plain loop: in-memory data, one of {in_memory})")
     if run.data.get("num_workers", 0):
         needs.append(f"data.num_workers={run.data['num_workers']} (plain loop: 0)")
     if run.logger.wandb.enabled:

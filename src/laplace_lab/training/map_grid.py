@@ -12,8 +12,8 @@ import torch
 
 from laplace_lab.config.load import replaced
 from laplace_lab.config.schema import RunConfig
-from laplace_lab.config.validation import HELD_OUT_VALIDATION
 from laplace_lab.data.base import LabDataModule
+from laplace_lab.data.registry import required_class
 from laplace_lab.training.fit import train_map
 from laplace_lab.training.loops import TrainingLoop
 from laplace_lab.training.module import MAPCore
@@ -39,10 +39,10 @@ def grid_point_config(run: RunConfig, delta: float, name: str) -> RunConfig:
 
 def refit_config(run: RunConfig, delta: float) -> RunConfig:
     """The config of ``map_grid_refit``'s last training (named ``refit``): a grid point of ``delta``
-    with the validation rows given back to training (``data.val_fraction`` or ``data.n_val`` set
-    to 0, see ``config.validation.HELD_OUT_VALIDATION``)."""
+    with the validation rows given back to training: the option the data module declares as its
+    ``validation_option`` (``data.val_fraction``, ``data.n_val``) set to 0."""
     point = grid_point_config(run, delta, REFIT_NAME)
-    return replaced(point, {f"data.{HELD_OUT_VALIDATION[point.data['_target_']]}": 0})
+    return replaced(point, {f"data.{required_class(point.data).validation_option}": 0})
 
 
 def validation_nll(module: MAPCore, datamodule: LabDataModule) -> float:

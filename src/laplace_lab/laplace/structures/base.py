@@ -13,7 +13,7 @@ Optional (defaults here): ``finalize``, ``covariance``, ``square_norm``, ``curva
 (fast marglik), ``cholesky`` (dense fast marglik), ``preconditioner`` (linear-mode CG),
 ``posterior_view`` (the glm predictive; default: dense per-input Jacobians),
 ``curvature_top_eigenvectors`` (the loss-landscape slices along the posterior's eigen-directions).
-Class attributes declare ``prior_structures`` and ``curvatures`` it supports, its extra constructor
+Class attributes declare ``prior_structures`` and ``curvature_types`` it supports, its extra constructor
 ``options`` and whether ``chain.Chain`` may hand it modules in any block order.
 """
 
@@ -34,7 +34,7 @@ register = registrar(STRUCTURES, "hessian_structure")
 class Structure:
     name = ""
     prior_structures: tuple[str, ...] = ("scalar", "layerwise", "diagonal")
-    curvatures: tuple[str, ...] = ("ggn", "ef", "mc_fisher")
+    curvature_types: tuple[str, ...] = ("ggn", "ef", "mc_fisher")
     options: tuple[str, ...] = ()  # extra keyword arguments of the constructor (e.g. ``n_eigs``)
     self_fitting = False  # True: ``fit(la, data) -> (loss, n_data, n_outputs)`` replaces the batch loop
     any_block_order = False  # True: ``accumulate`` does not rely on records arriving in subset order
