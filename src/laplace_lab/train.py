@@ -67,7 +67,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     set_cpu_modes(job)
     if job.ensemble.enabled and job.ensemble.member is not None:  # train one member into the MAP cache
         return ensemble.run_member_job(job, output_dir, train_map)
-    loggers = build_loggers(job, output_dir, plain=loop == "plain")
+    loggers = build_loggers(job, output_dir, plain=not loop.lightning)
     phases = PhaseLog(output_dir)
     phases.start("MAP training", training_plan(job, loop))
     train = train_map_grid if job.map_grid else train_map
@@ -78,7 +78,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
         log.info("DDP rank %d of %d: training done; rank 0 evaluates", trainer.global_rank, trainer.world_size)
         return metrics
     # the loops' teardown moved it to the CPU: fit the Laplace where it trained
-    module.to(trainer.root_device if loop == "plain" else trainer.strategy.root_device)
+    module.to(loop.root_device(trainer))
     record_devices(output_dir, trainer, module)
     if module.likelihood == "regression":
         metrics["hparams/sigma_noise"] = module.sigma_noise.item()

@@ -12,7 +12,6 @@ from laplace_lab.config.instantiate import instantiate
 from laplace_lab.config.load import load_run_config
 from laplace_lab.reporting.run_loggers import build_loggers
 from laplace_lab.reporting.sweep_table import validate_aggregate
-from laplace_lab.training.loop_choice import trainer_kwargs
 from laplace_lab.training.schedules import scheduler_interval
 from tests.conftest import CONF_DIR, compose_config, run_config
 
@@ -106,7 +105,7 @@ def test_optimizer_and_scheduler_instantiate(group):
 def test_trainer_and_logger_instantiate(tmp_path):
     for f in sorted((CONF_DIR / "trainer").glob("*.yaml")):
         cfg = run_config([f"trainer={f.stem}", "trainer.accelerator=cpu"])
-        pl.Trainer(**trainer_kwargs(cfg), logger=False, enable_checkpointing=False)
+        pl.Trainer(**cfg.trainer.lightning_kwargs(), logger=False, enable_checkpointing=False)
     for f in sorted((CONF_DIR / "logger").glob("*.yaml")):
         cfg = run_config([f"logger={f.stem}", "logger.wandb.enabled=false"] if f.stem == "default" else [f"logger={f.stem}"])
         assert build_loggers(cfg, tmp_path)

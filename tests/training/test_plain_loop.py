@@ -18,6 +18,7 @@ import torch
 
 from laplace_lab.train import run
 from laplace_lab.training.loop_choice import choose_loop
+from laplace_lab.training.loops import LIGHTNING, PLAIN
 from tests.conftest import CONF_DIR, compose_config, run_config
 
 ROOT = CONF_DIR.parent
@@ -80,14 +81,14 @@ def test_sinusoid_online_marglik_identical(extra, tmp_path):
     (["data=sinusoid", "logger=csv", "trainer.loop=lightning"], "lightning"),
 ])
 def test_auto_picks_plain_only_where_it_runs_the_same(overrides, loop):
-    assert choose_loop(run_config(overrides)) == loop
+    assert choose_loop(run_config(overrides)).name == loop
 
 
 def test_auto_keeps_lightning_on_cuda(monkeypatch):
     """The plain loop's CUDA path is not compared with Lightning here: auto leaves CUDA runs to Lightning."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert choose_loop(run_config(["data=sinusoid", "logger=csv"])) == "lightning"
-    assert choose_loop(run_config(["data=sinusoid", "logger=csv", "trainer=cpu"])) == "plain"
+    assert choose_loop(run_config(["data=sinusoid", "logger=csv"])) is LIGHTNING
+    assert choose_loop(run_config(["data=sinusoid", "logger=csv", "trainer=cpu"])) is PLAIN
 
 
 def test_plain_refuses_what_needs_lightning(tmp_path):

@@ -21,6 +21,7 @@ from laplace_lab.config.schema import (
     GROUPS,
     TRAINER_KEYS,
     CurvatureConfig,
+    LoggerConfig,
     RootOptions,
     RunConfig,
     TrainerConfig,
@@ -76,6 +77,15 @@ def _trainer(node: Mapping) -> TrainerConfig:
     return dataclasses.replace(build(TrainerConfig, node, "trainer"), extra=extra)
 
 
+def _logger(node: Mapping | None) -> LoggerConfig:
+    """``logger``; a ``config_resolved.yaml`` written before the loggers named their classes has
+    ``logger.csv: true|false``, read as ``logger.csv.enabled``."""
+    node = dict(node or {})
+    if isinstance(node.get("csv"), bool):
+        node["csv"] = {"enabled": node["csv"]}
+    return build(LoggerConfig, node, "logger")
+
+
 def _wiring(node: Any, path: str) -> dict:
     """A node that only names an object: ``{_target_: <callable>}`` (``module``, ``callbacks.<name>``)."""
     if not isinstance(node, Mapping) or not isinstance(node.get("_target_"), str):
@@ -113,6 +123,8 @@ def load_run_config(cfg: Any) -> RunConfig:
             typed[name] = _curvature(node or {})
         elif name == "trainer":
             typed[name] = _trainer(node or {})
+        elif name == "logger":
+            typed[name] = _logger(node)
         else:
             typed[name] = build(cls, node, name)
     _wiring(options.module, "module")

@@ -106,6 +106,9 @@ SLOTS: dict[str, frozenset[str]] = {
     "optimizer": OPTIMIZERS,
     "lr_scheduler": SCHEDULERS,
     "module": frozenset({"laplace_lab.training.module.MAPCore"}),
+    "trainer": frozenset({"pytorch_lightning.Trainer"}),  # config.schema.TrainerConfig
+    "logger.csv": frozenset({"pytorch_lightning.loggers.CSVLogger"}),  # config.schema.LoggerConfig
+    "logger.wandb": frozenset({"pytorch_lightning.loggers.WandbLogger"}),
     "callbacks.*": TRAINING_CALLBACKS,
     "hydra.callbacks.*": HYDRA_CALLBACKS,
     "hydra.callbacks.*.aggregator": frozenset({"laplace_lab.reporting.sweep_table.SweepTable"}),

@@ -1,8 +1,9 @@
-"""Loggers of a run: CSV always, wandb (offline by default) when enabled. Under Lightning's Trainer
-they are Lightning loggers; for the plain loop (``plain=True``) they are ``CSVMetricsLogger`` (the
-same file, without importing Lightning) and ``wandb_run.PlainWandbLogger`` (the same wandb run).
-``logger.wandb.mode=disabled`` (e.g. ``WANDB_MODE=disabled``, which the test suite sets) builds no
-wandb logger at all, like ``logger.wandb.enabled=false``.
+"""Loggers of a run: ``logger.csv`` and ``logger.wandb`` (offline by default), each the class its
+``_target_`` names, where enabled. Under Lightning's Trainer they are Lightning loggers; for the
+plain loop (``plain=True``) they are ``CSVMetricsLogger`` (the same file, without importing
+Lightning) and ``wandb_run.PlainWandbLogger`` (the same wandb run). ``logger.wandb.mode=disabled``
+(e.g. ``WANDB_MODE=disabled``, which the test suite sets) builds no wandb logger at all, like
+``logger.wandb.enabled=false``.
 
 The wandb run is grouped by ``logger.wandb.group`` (the experiment name), typed by ``job_type``
 and tagged from the config; its config is the flattened run config (``optimizer.lr``, ...); in a
@@ -16,13 +17,14 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from laplace_lab.config.schema import RunConfig
+from laplace_lab.config.schema import RunConfig, constructor_arguments
 from laplace_lab.io import quiet_logs
-from laplace_lab.reporting.csv_metrics import CSVMetricsLogger
 from laplace_lab.io.wandb_run import PlainWandbLogger, is_wandb_logger
+from laplace_lab.reporting.csv_metrics import CSVMetricsLogger
 
 log = logging.getLogger(__name__)
 WANDB_MODES = ("offline", "online", "disabled")
+CSV_NAME = "csv"  # csv/metrics.csv in the run folder (Lightning's CSVLogger with version "")
 
 
 def flatten_config(data: dict, sep: str = ".") -> dict[str, Any]:
@@ -74,29 +76,26 @@ def _multirun_job_name() -> str | None:
 
 
 def build_loggers(run: RunConfig, output_dir: Path, plain: bool = False) -> list:
-    """CSV logger in ``output_dir/csv``; wandb run in ``output_dir/wandb`` with the flattened config.
-    ``plain``: the plain loop's loggers (no Lightning)."""
-    loggers: list = []
-    wandb = run.logger.wandb
+    """The enabled loggers of ``logger.*``, CSV first: each node's ``_target_`` built from its
+    arguments (``schema.constructor_arguments``) and the run's: the CSV file ``output_dir/csv/metrics.csv``,
+    the wandb run in ``output_dir/wandb`` with the flattened config. ``plain``: for the plain loop (no
+    Lightning): ``CSVMetricsLogger`` writes the same file, ``PlainWandbLogger`` the same wandb run."""
+    csv, wandb = run.logger.csv, run.logger.wandb
     if wandb.enabled and wandb.mode not in WANDB_MODES:
         raise ValueError(f"logger.wandb.mode={wandb.mode!r} is not supported; allowed: {list(WANDB_MODES)}")
-    if run.logger.csv:
-        if plain:
-            loggers.append(CSVMetricsLogger(output_dir, "csv"))
-        else:
-            from pytorch_lightning.loggers import CSVLogger
+    from hydra.utils import get_class
 
-            loggers.append(CSVLogger(save_dir=str(output_dir), name="csv", version=""))
+    loggers: list = []
+    if csv.enabled:
+        loggers.append(CSVMetricsLogger(output_dir, CSV_NAME) if plain else get_class(csv._target_)(
+            save_dir=str(output_dir), **constructor_arguments(csv), name=CSV_NAME, version=""))
     if wandb.enabled and wandb.mode != "disabled":
-        init = dict(project=wandb.project, entity=wandb.entity, group=wandb.group, job_type=wandb.job_type,
-                    tags=list(wandb.tags), name=_multirun_job_name(), mode=wandb.mode,
-                    config=flatten_config(run.raw))
+        init = {**constructor_arguments(wandb), "tags": list(wandb.tags), "name": _multirun_job_name(),
+                "config": flatten_config(run.raw)}
         if plain:
             loggers.append(PlainWandbLogger(str(output_dir), **init))
         else:
-            from pytorch_lightning.loggers import WandbLogger
-
-            loggers.append(WandbLogger(save_dir=str(output_dir), **init))
+            loggers.append(get_class(wandb._target_)(save_dir=str(output_dir), **init))
             quiet_logs.drop_wandb_anonymous(loggers[-1])
     return loggers
 

@@ -15,6 +15,7 @@ from laplace_lab.config.schema import RunConfig
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.data.registry import required_class
 from laplace_lab.training.fit import train_map
+from laplace_lab.training.loops import TrainingLoop
 from laplace_lab.training.module import MAPCore
 
 REFIT_NAME = "refit"  # the folder of map_grid_refit's last training
@@ -63,7 +64,7 @@ def loader_rmse(module: MAPCore, loader) -> float:
     return float(torch.cat(err).mean().sqrt())
 
 
-def train_map_grid(run: RunConfig, output_dir: Path, loggers, loop: str | None = None):
+def train_map_grid(run: RunConfig, output_dir: Path, loggers, loop: TrainingLoop | None = None):
     """Train every grid point and keep the one with the lowest validation NLL.
 
     ``map_grid_refit=false``: the chosen grid network is the MAP; for regression its noise std is
