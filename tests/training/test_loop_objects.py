@@ -59,7 +59,7 @@ def test_the_plain_loop_refuses_a_checkpoint_to_resume(tmp_path):
 def test_loggers_are_the_classes_their_nodes_name(tmp_path):
     from pytorch_lightning.loggers import CSVLogger, WandbLogger
 
-    run = run_config(["data=sinusoid", "logger.wandb.enabled=true", "logger.wandb.mode=disabled", "logger.wandb.tags=[a]",
+    run = run_config(["data=sinusoid", "logger.wandb.enabled=true", "logger.wandb.mode=offline", "logger.wandb.tags=[a]",
                       "logger.wandb.project=p"])
     csv, wandb = build_loggers(run, tmp_path)
     assert type(csv) is CSVLogger and Path(csv.log_dir) == tmp_path / "csv"

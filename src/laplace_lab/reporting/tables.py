@@ -664,6 +664,10 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     dirs = [Path(d) for d in sweep_dirs]
     if commit_results and results_dir is not None:
         raise ValueError("give either results_dir (--results-dir) or commit_results (--commit-results), not both")
+    if commit_results and is_smoke_choice(preset):
+        raise ProvenanceError(f"refusing to commit table {name!r}: --preset {preset!r} is a smoke variant "
+                              "(experiment=<preset>/smoke): one seed and a few epochs, not a reproduction; "
+                              "commit the tables of the preset's own sweep")
     if commit_results:  # the preset's own table only, as the command line requires
         check_commit_name(preset, preset_spec(preset) if preset else {}, name)
     out = COMMITTED_RESULTS if commit_results else Path(results_dir) if results_dir is not None else dirs[0]
