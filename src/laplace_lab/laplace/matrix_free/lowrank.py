@@ -75,6 +75,7 @@ class LowRankStructure(Structure):
     ``la.structure.block_size = 10``, Laplace only forwards ``n_eigs``)."""
 
     name = "lowrank"
+    label = "low-rank"
     prior_structures = ("scalar", "layerwise", "diagonal")
     curvatures = tuple(OPERATOR_CURVATURES)
     options = ("n_eigs",)
