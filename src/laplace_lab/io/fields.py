@@ -29,9 +29,9 @@ class Spec:
     """What one option accepts.
 
     ``kind``: ``bool`` | ``int`` | ``float`` (ints accepted) | ``str`` | ``list`` | ``dict`` | ``any``;
-    ``low``/``high`` (``low_open``: ``> low``; ``high_open``: ``< high``), ``nullable``, ``choices`` (a
-    list's: of each entry); ``items``: the kind of a
-    list's entries (``int`` | ``str``); ``describe``: shown after the name (``" (the learning rate)"``);
+    ``low``/``high`` (``low_open``: ``> low``; ``high_open``: ``< high``; a list's: of each entry, whose
+    ``items`` is ``int`` | ``float``), ``nullable``, ``choices`` (a list's: of each entry); ``items``:
+    the kind of a list's entries (``int`` | ``float`` | ``str``); ``describe``: shown after the name (``" (the learning rate)"``);
     ``options``: the group options whose config file carries the key (None: all of them, see
     ``config.store``); ``message``: a fixed message for a bad value (``{name}`` and ``{value}``);
     ``accepts``: a predicate for what the kinds cannot state (``any`` of a union, e.g. ``trainer.devices``),
@@ -128,6 +128,10 @@ def check(name: str, value: Any, spec: Spec) -> Any:
         bad = [e for e in value if not (isinstance(e, int) and not isinstance(e, bool))]
         if bad:
             _fail(f"{name}={list(value)!r} must be a list of integers; got entries {bad}")
+    if spec.kind == "list" and spec.items in ("int", "float") and (spec.low is not None or spec.high != INF):
+        entry_spec = Spec(spec.items, low=spec.low, high=spec.high, low_open=spec.low_open, high_open=spec.high_open)
+        for i, entry in enumerate(value):  # a list's range: of each entry, named <name>[i]
+            _check_number(f"{name}[{i}]", entry, entry_spec)
     return value
 
 
