@@ -8,9 +8,7 @@ loads, with the messages of the config check, and their constructors' call forms
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -23,7 +21,7 @@ from laplace_lab.config.values import RANGES
 from laplace_lab.models import MLP, LeNet, ResNet18, WideResNet
 from laplace_lab.models.registry import REGISTRY, model_class
 from laplace_lab.train import run
-from tests.conftest import compose_config
+from tests.conftest import add_two_files, compose_config
 
 TARGET = "laplace_lab.models.gated.GatedNet"
 
@@ -69,15 +67,7 @@ FAST = ["data=sinusoid", "trainer.max_epochs=1", "logger=csv", "trainer.enable_p
 @pytest.fixture
 def gated_model(tmp_path, monkeypatch):
     """The two files of a new network; returns the overrides that compose with it."""
-    package = tmp_path / "package"
-    package.mkdir()
-    (package / "gated.py").write_text(textwrap.dedent(CLASS_FILE))
-    conf = tmp_path / "conf" / "model"
-    conf.mkdir(parents=True)
-    (conf / "gated.yaml").write_text(textwrap.dedent(YAML_FILE))
-    monkeypatch.setattr(laplace_lab.models, "__path__", [*laplace_lab.models.__path__, str(package)])
-    importlib.invalidate_caches()
-    yield ["model=gated", f"hydra.searchpath=[file://{tmp_path / 'conf'}]"]
+    yield add_two_files(tmp_path, monkeypatch, laplace_lab.models, "gated", CLASS_FILE, "model", YAML_FILE)
     sys.modules.pop("laplace_lab.models.gated", None)
 
 

@@ -7,9 +7,7 @@ composed with ``curvature=<name>``, with nothing else edited."""
 
 from __future__ import annotations
 
-import importlib
 import sys
-import textwrap
 
 import pytest
 import torch
@@ -21,27 +19,27 @@ from laplace_lab.evaluation.labels import laplace_label
 from laplace_lab.laplace import Laplace
 from laplace_lab.laplace.spec import hessian_structures
 from laplace_lab.laplace.structures import STRUCTURES
-from tests.conftest import compose_config
+from tests.conftest import add_two_files, compose_config
 
 NAME = "diag_copy"
 
 CLASS_FILE = f'''
-"""The exact GGN diagonal again, written as a new structure would be: a structure only this test adds."""
+"""The exact GGN diagonal accumulated again, from the public kernel: a structure only this test adds
+(its queries are the diagonal structure's)."""
 
 import torch
 
 from laplace_lab.laplace.modules import diag_sq
-from laplace_lab.laplace.priors import to_diag
-from laplace_lab.laplace.structures.base import Structure, register
+from laplace_lab.laplace.structures.base import register
+from laplace_lab.laplace.structures.diag import DiagStructure
 
 
 @register
-class DiagCopyStructure(Structure):
+class DiagCopyStructure(DiagStructure):
     name = "{NAME}"
     label = "diagonal copy"
-
-    def reset(self):
-        self.h = torch.zeros(self.n_params, device=self.device, dtype=self.dtype)
+    supports_fused = False
+    factor_chunks = False
 
     def accumulate(self, records):
         parts = []
@@ -50,34 +48,6 @@ class DiagCopyStructure(Structure):
             parts += [d[n].reshape(-1) if n in d else torch.zeros_like(p).reshape(-1)
                       for n, p in zip(e.names, e.params)]
         self.h += torch.cat(parts)
-
-    @property
-    def H(self):
-        return self.h
-
-    def precision(self, c, prior):
-        return c * self.h + to_diag(prior, self.sizes)
-
-    def logdet(self, c, prior):
-        return self.precision(c, prior).log().sum()
-
-    def sample(self, n, c, prior, generator=None):
-        return self.randn(n, self.n_params, generator=generator) * self.precision(c, prior).rsqrt()
-
-    def functional_variance(self, Js, c, prior):
-        return torch.einsum("ncp,p,nkp->nck", Js, 1.0 / self.precision(c, prior), Js)
-
-    def posterior_variance(self, c, prior):
-        return 1.0 / self.precision(c, prior)
-
-    def dense_precision(self, c, prior):
-        return torch.diag(self.precision(c, prior))
-
-    def state_dict(self):
-        return {{"h": self.h}}
-
-    def load_state_dict(self, sd):
-        self.h = sd["h"].to(self.device, self.dtype)
 '''
 
 YAML_FILE = f"""
@@ -93,18 +63,10 @@ hessian_structure: {NAME}
 @pytest.fixture
 def new_structure(tmp_path, monkeypatch):
     """The two files of a new structure; returns the overrides that compose with its yaml."""
-    package = tmp_path / "package"
-    package.mkdir()
-    (package / "diag_copy.py").write_text(textwrap.dedent(CLASS_FILE))
-    conf = tmp_path / "conf" / "curvature"
-    conf.mkdir(parents=True)
-    (conf / f"{NAME}.yaml").write_text(textwrap.dedent(YAML_FILE))
-    monkeypatch.setattr(structures_pkg, "__path__", [*structures_pkg.__path__, str(package)])
-    importlib.invalidate_caches()
     assert NAME not in STRUCTURES
-    yield [f"curvature={NAME}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]"]
+    yield add_two_files(tmp_path, monkeypatch, structures_pkg, NAME, CLASS_FILE, "curvature", YAML_FILE)
     STRUCTURES.pop(NAME, None)
-    sys.modules.pop(f"{structures_pkg.__name__}.diag_copy", None)
+    sys.modules.pop(f"{structures_pkg.__name__}.{NAME}", None)
 
 
 def test_a_new_structure_is_a_module_and_a_yaml(new_structure):
