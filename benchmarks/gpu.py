@@ -459,11 +459,11 @@ class _Core:
 
     @staticmethod
     def make(curvature: str, fused: bool, n_steps: int, fit_batch_size: int | None = None):
-        from laplace_lab.training.online_marglik import OnlineMarglikCore
+        from laplace_lab.training.online_marglik import OnlineMarglikCore, OnlineMarglikOptions
 
-        return OnlineMarglikCore({"subset_of_weights": "all", "hessian_structure": "kron", "curvature": curvature},
-                                 prior_structure="layerwise", frequency=1, n_steps=n_steps, lr_hyp=0.1,
-                                 early_stopping=False, fused=fused, fit_batch_size=fit_batch_size)
+        return OnlineMarglikCore(OnlineMarglikOptions({"subset_of_weights": "all", "hessian_structure": "kron", "curvature": curvature},
+                                                      prior_structure="layerwise", frequency=1, n_steps=n_steps, lr_hyp=0.1,
+                                                      early_stopping=False, fused=fused, fit_batch_size=fit_batch_size))
 
 
 def part_marglik(runner, args, peers, data):

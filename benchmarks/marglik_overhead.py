@@ -38,7 +38,7 @@ from torch import nn
 from laplace_lab.data import VisionDataModule
 from laplace_lab.models import LeNet
 from laplace_lab.training import MAPModule
-from laplace_lab.training.online_marglik import OnlineMarglik
+from laplace_lab.training.online_marglik import OnlineMarglik, OnlineMarglikOptions
 
 DATA_DIR = os.environ.get("LAPLACE_LAB_DATA_DIR", "data")  # as conf/paths: the env, else data/
 CLOCK = time.perf_counter  # --clock cpu: time.process_time (robust to other jobs on a shared box)
@@ -95,9 +95,9 @@ def run_ours(dm, epochs, n_steps, structure_type=None, fused=False):
     callbacks = [timer]
     marglik = None
     if structure_type is not None:
-        marglik = OnlineMarglik({"subset_of_weights": "all", "hessian_structure": "kron", "curvature": structure_type},
-                                prior_structure="layerwise", frequency=1, n_steps=n_steps, lr_hyp=0.1,
-                                early_stopping=False, fused=fused)
+        marglik = OnlineMarglik(OnlineMarglikOptions({"subset_of_weights": "all", "hessian_structure": "kron", "curvature": structure_type},
+                                                     prior_structure="layerwise", frequency=1, n_steps=n_steps, lr_hyp=0.1,
+                                                     early_stopping=False, fused=fused))
         callbacks.insert(0, marglik)
     trainer = pl.Trainer(max_epochs=epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,

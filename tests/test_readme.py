@@ -172,11 +172,12 @@ def workdir(tmp_path_factory) -> Path:
 
 
 def fresh_env() -> dict:
-    """A new shell's environment: PATH without the test's environment, wandb offline, 1 thread."""
+    """A new shell's environment: PATH without the test's environment, 1 thread, wandb off (every run
+    would start one: seconds each; test_wandb_offline and sweeps/test_wandb check what it writes)."""
     keep = ("HOME", "USER", "LANG", "TMPDIR", "PYTHONPATH", "LAPLACE_LAB_DATA_DIR", "CI")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if Path(p) != VENV / "bin"]
-    return env | {"PATH": os.pathsep.join(path), "WANDB_MODE": "offline", "WANDB_SILENT": "true",
+    return env | {"PATH": os.pathsep.join(path), "WANDB_MODE": "disabled", "WANDB_SILENT": "true",
                   "OMP_NUM_THREADS": "1"}
 
 

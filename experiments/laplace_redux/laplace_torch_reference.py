@@ -57,7 +57,8 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from laplace_lab.evaluation import run_evaluation
+from laplace_lab.evaluation import EvalData, EvaluationPlan, run_evaluation
+from laplace_lab.evaluation import options as eval_options
 from laplace_lab.reporting import peer_csv
 from laplace_lab.reporting.summary_stats import mean_se
 from laplace_lab.sweeps.run_only import strip_run_only
@@ -147,10 +148,12 @@ def peer_metrics(module, datamodule, method: str, eval_cfg, out_dir: Path, prior
     la, info = fit_peer(module.model, datamodule.train_eval_dataloader(FIT_BATCH_SIZE), method, prior_init,
                         n_steps, lr)
     start = time.perf_counter()
-    metrics = run_evaluation(eval_cfg, "classification", {"map": map_predictor(module), "la": peer_predictor(la)},
-                             datamodule.test_dataloader(), ood_loaders=datamodule.ood_dataloaders(),
-                             attack_model=module.model, out_dir=out_dir, dataset=getattr(datamodule, "name", None),
-                             input_range=datamodule.input_range)
+    data = EvalData(datamodule.test_dataloader(), datamodule.ood_dataloaders(),
+                    dataset=getattr(datamodule, "name", None), input_range=datamodule.input_range)
+    plan = EvaluationPlan(eval_options.evaluation_config(eval_cfg), "classification",
+                          {"map": map_predictor(module), "la": peer_predictor(la)}, data, attack_model=module.model,
+                          out_dir=out_dir)
+    metrics = run_evaluation(plan)
     info["peer/eval_s"] = time.perf_counter() - start
     return {**metrics, **info}
 

@@ -17,7 +17,7 @@ import sys
 from hydra import compose, initialize_config_dir
 
 from laplace_lab.config import CONF_DIR
-from laplace_lab.config.validation import validate_config
+from laplace_lab.config.load import load_run_config
 from laplace_lab.laplace import plan
 from laplace_lab.training.build import build
 from laplace_lab.training.laplace_plan import format_table, plan_table
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides = [a for a in args if a != "--no-time"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
-    run = validate_config(cfg)
+    run = load_run_config(cfg)
     datamodule, module = build(run, "plain")
     rows, batch, limit = plan_table(run, datamodule, module.model, module.likelihood, probe_time)
     c = run.curvature

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import laplace_lab.config  # noqa: F401  (registers the schema nodes and lab_if_equal)
-from laplace_lab.config.validation import validate_config
+from laplace_lab.config.load import load_run_config
 from laplace_lab.sweeps.run_only import job_dirname
 from tests.conftest import CONF_DIR, compose_config, load_script
 
@@ -40,7 +40,7 @@ def test_the_lanes_are_the_preset_sweep_plus_the_candidates():
 def test_every_job_composes_with_the_authors_recipe(data):
     for overrides in lanes.lane_jobs(data):
         cfg = compose_config(overrides)
-        validate_config(cfg)
+        load_run_config(cfg)
         assert cfg.trainer.max_epochs == 250 and cfg.data.batch_size == 128
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from laplace_lab.config.validation import validate_config
+from laplace_lab.config.load import load_run_config
 from laplace_lab.reporting import peer_pairs
 from tests.conftest import compose_config, load_script, write_jobs_csv
 
@@ -36,7 +36,7 @@ def marglik_optimization(model, train_loader, laplace=None, **kwargs):
 
 def test_recipe_is_the_presets():
     cfg = compose_config(["experiment=immer2021_uci", "method=online_full"])
-    validate_config(cfg)
+    load_run_config(cfg)
     OmegaConf.resolve(cfg)
     recipe = PEER.RECIPE
     assert (cfg.trainer.max_epochs, cfg.optimizer.lr) == (recipe["n_epochs"], recipe["lr"])

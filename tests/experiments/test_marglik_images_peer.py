@@ -11,7 +11,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from laplace_lab.config.validation import validate_config
+from laplace_lab.config.load import load_run_config
 from laplace_lab.reporting import peer_pairs
 from tests.conftest import compose_config, load_script, write_jobs_csv
 
@@ -21,7 +21,7 @@ PEER = load_script(ROOT / "experiments" / "immer2021" / "peer" / "marglik_images
 
 def test_peer_cut_preset_is_the_peer_scripts_recipe():
     cfg = compose_config(["experiment=immer2021_images_peer_cut"])
-    validate_config(cfg)
+    load_run_config(cfg)
     OmegaConf.resolve(cfg)
     recipe, cut = PEER.RECIPE, PEER.CUT
     assert (cfg.data.n_train_subset, cfg.trainer.max_epochs) == (cut["n_train"], cut["epochs"])

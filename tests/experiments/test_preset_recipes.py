@@ -13,8 +13,8 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
+from laplace_lab.config.load import load_run_config
 from laplace_lab.config.store import if_equal
-from laplace_lab.config.validation import validate_config
 from tests.conftest import CONF_DIR, compose_config, load_script, run_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +23,7 @@ REFERENCE_FILES = sorted((ROOT / "experiments").glob("*/reference*.yaml"))
 
 def resolved(overrides: list[str]):
     cfg = compose_config(overrides)
-    validate_config(cfg)
+    load_run_config(cfg)
     OmegaConf.resolve(cfg)
     return cfg
 

@@ -141,11 +141,11 @@ def test_invalid_values_fail_before_data(overrides, pattern, tmp_path, no_traini
 def test_known_extra_keys_are_accepted(tmp_path):
     """Keys that the target takes (``+trainer.check_val_every_n_epoch``, ``+optimizer.betas``) pass, and
     so do the documented root key ``+sweep_objective`` and an augmentation range under ``init``."""
-    from laplace_lab.config.validation import validate_config
+    from laplace_lab.config.load import load_run_config
 
-    validate_config(compose_config(["+trainer.check_val_every_n_epoch=5", "+optimizer.betas=[0.9,0.99]",
+    load_run_config(compose_config(["+trainer.check_val_every_n_epoch=5", "+optimizer.betas=[0.9,0.99]",
                                     "marglik=online", "+marglik.evidence_point=weights"]))
-    validate_config(compose_config(["+sweep_objective=test/map/nll", "augmentation=fixed", "data=mnist",
+    load_run_config(compose_config(["+sweep_objective=test/map/nll", "augmentation=fixed", "data=mnist",
                                     "predictive=map", "+augmentation.init.translate_x=0.1"]))
 
 

@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from laplace_lab.config.instantiate import instantiate
-from laplace_lab.config.validation import validate_config
+from laplace_lab.config.load import load_run_config
 from laplace_lab.reporting.run_loggers import build_loggers
 from laplace_lab.reporting.sweep_table import validate_aggregate
 from laplace_lab.training.loop_choice import trainer_kwargs
@@ -36,7 +36,7 @@ def test_option_composes(group, option):
         extra = ["data=mnist", "model=lenet", "method=online_kron", "predictive=map"]
     cfg = compose_config([f"{group}={option}", *extra])
     OmegaConf.resolve(cfg)
-    validate_config(cfg)
+    load_run_config(cfg)
     if group == "method":  # global presets: they name a table row
         assert cfg.method_name == option
     else:
@@ -58,8 +58,9 @@ def test_experiment_presets_compose():
     for preset in presets:
         cfg = compose_config([f"experiment={preset.stem}"])
         OmegaConf.resolve(cfg)
-        validate_config(cfg)
+        load_run_config(cfg)
         assert cfg.experiment_name == preset.stem and cfg.aggregate.name == preset.stem
+        assert cfg.logger.wandb.enabled, f"{preset.stem}: every preset logs to an offline W&B run"
         validate_aggregate(OmegaConf.to_container(cfg.aggregate))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import laplace_lab.training.build as build_mod
-from laplace_lab.config.validation import validate_config
+from laplace_lab.config.load import load_run_config
 from laplace_lab.train import run
 from tests.conftest import compose_config
 
@@ -55,7 +55,7 @@ def test_interacting_options_fail_before_data(overrides, pattern, tmp_path, monk
     ["data=uci", "data.val_fraction=0.0"],
 ])
 def test_the_edges_of_the_allowed_ranges_pass(overrides):
-    validate_config(compose_config(overrides))
+    load_run_config(compose_config(overrides))
 
 
 def _uci_set(root, rows: list[list[float]], train: list[int], test: list[int]):

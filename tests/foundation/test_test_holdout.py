@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset, random_split
 
-from laplace_lab.config.validation import validate_config
+from laplace_lab.config.load import load_run_config
 from laplace_lab.data import VisionDataModule
 from laplace_lab.data.vision import TEST_HOLDOUT_SEED, hold_out_test
 from laplace_lab.training.map_cache import cache_key
@@ -48,7 +48,7 @@ def test_a_holdout_that_leaves_nothing_is_refused():
 
 def test_config_validation_names_the_option():
     with pytest.raises(ValueError, match="data.test_holdout"):
-        validate_config(compose_config(["data=mnist", "data.test_holdout=-5"]))
+        load_run_config(compose_config(["data=mnist", "data.test_holdout=-5"]))
 
 
 def test_the_holdout_shares_the_map_cache_entry():

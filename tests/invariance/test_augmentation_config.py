@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from laplace_lab.config.validation import validate_config as validate_augmentation_config
+from laplace_lab.config.load import load_run_config as validate_augmentation_config
 from laplace_lab.data.transformed import transform_images
 from laplace_lab.models import LeNet
 from laplace_lab.models.augmentation import AugmentedModel
-from laplace_lab.training.augmentation import wrap_model
+from laplace_lab.training.invariance_marglik import wrap_model
 
 LEARNED = ["data=mnist", "model=lenet", "method=online_kron", "augmentation=learned", "predictive=map"]
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from laplace_lab.laplace import Laplace
 from laplace_lab.laplace.backends import BACKENDS, backend_names
-from laplace_lab.laplace.compat import CurvlinopsEF
+from laplace_lab.laplace.compat import CurvlinopsEF, Engine
 
 
 def _dense(la):
@@ -67,15 +67,17 @@ def test_auto_is_the_chain_for_sequential_nets_and_capture_otherwise():
 def test_backend_keyword_parsing():
     model = mlp()
     assert set(backend_names()) >= {"auto", "chain", "capture", "lanczos"}
-    la = Laplace(model, "classification", backend=CurvlinopsEF)  # laplace-torch marker: sets the curvature
+    la = Engine(model, "classification", backend=CurvlinopsEF)  # laplace-torch marker: sets the curvature
     assert (la.curvature, la.backend) == ("ef", "auto")
-    la = Laplace(model, "classification", backend="ef")  # laplace-torch's curvature names still work
+    la = Engine(model, "classification", backend="ef")  # laplace-torch's curvature names still work
     assert (la.curvature, la.backend) == ("ef", "auto")
+    with pytest.raises(ValueError, match=r"backend must be one of .*'auto'.*got 'ef'.*laplace_lab.laplace.compat"):
+        Laplace(model, "classification", backend="ef")  # the engine itself: its backend names only
     assert Laplace(model, "classification", backend="capture").backend == "capture"
     with pytest.raises(ValueError, match=r"backend must be one of .*'auto'.*got 3"):
-        Laplace(model, "classification", backend=3)
+        Engine(model, "classification", backend=3)
     with pytest.raises(ValueError, match="backend must be one of"):
-        Laplace(model, "classification", backend="asdl")
+        Engine(model, "classification", backend="asdl")
     with pytest.raises(ValueError, match="backend='lanczos'.*self-fitting"):
         Laplace(model, "classification", hessian_structure="kron", backend="lanczos")
     with pytest.raises(ValueError, match="backend='chain' cannot fit hessian_structure='lowrank'"):

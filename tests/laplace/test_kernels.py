@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from laplace_lab.laplace.capture import Call
-from laplace_lab.laplace.curvature import _classification_ggn_sqrt
 from laplace_lab.laplace.modules import _conv_psg_sq, conv_A
+from laplace_lab.laplace.output_factors import _classification_ggn_sqrt
 
 
 @pytest.mark.parametrize("k,stride,padding,dilation", [

@@ -169,8 +169,8 @@ def test_kron_marglik_matches_laplace_torch(convention, backend, prior):
     if backend == "capture":  # the collection backend by name; the convention as a structure option
         approx = {"default": "expand"}.get(convention, convention)
         ours_kw = {"backend": "capture", "structure_options": {"kfac_approx": approx}}
-    ours = Laplace(lenet(), "classification", subset_of_weights="all", hessian_structure="kron",
-                   prior_precision=pp, **ours_kw)
+    ours = compat.Engine(lenet(), "classification", subset_of_weights="all", hessian_structure="kron",
+                         prior_precision=pp, **ours_kw)
     ours.fit(loader(X, y, batch_size=4))
     theirs = _peer(lenet(), X, y, prior_precision=pp, **peer_kw)  # BackPack extends its model: a fresh copy
     torch.testing.assert_close(ours.log_marginal_likelihood(), theirs.to(torch.float64), rtol=1e-10, atol=1e-10)
@@ -185,8 +185,8 @@ def test_kron_factors_equal_laplace_torch_factors(convention):
 
     X, y = lenet_data()
     kw = {"reduce": {"asdl_fisher_kwargs": {"kfac_approx": "reduce"}}}.get(convention, {})
-    ours = Laplace(lenet(), "classification", subset_of_weights="all", hessian_structure="kron",
-                   **(kw | ({"backend": compat.BackPackGGN} if convention == "backpack" else {})))
+    ours = compat.Engine(lenet(), "classification", subset_of_weights="all", hessian_structure="kron",
+                         **(kw | ({"backend": compat.BackPackGGN} if convention == "backpack" else {})))
     ours.fit(loader(X, y, batch_size=4))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -215,7 +215,7 @@ def test_kfac_approx_is_validated_before_any_work():
     with pytest.raises(ValueError, match="kfac_approx.*allowed: \\[\\]"):
         Laplace(model, "classification", hessian_structure="diag", structure_options={"kfac_approx": "reduce"})
     with pytest.raises(ValueError, match="asdl_fisher_kwargs.*only 'kfac_approx'.*'mc_samples'"):
-        Laplace(model, "classification", hessian_structure="kron", asdl_fisher_kwargs={"mc_samples": 2})
+        compat.Engine(model, "classification", hessian_structure="kron", asdl_fisher_kwargs={"mc_samples": 2})
     with pytest.raises(ValueError, match=f"curvature.kfac_approx must be one of {allowed}"):
         LaplaceSpec(hessian_structure="kron", options={"kfac_approx": "Expand"},
                     keys={"kfac_approx": "curvature.kfac_approx"}).validate()
@@ -224,15 +224,15 @@ def test_kfac_approx_is_validated_before_any_work():
 
 def test_marker_convention_applies_to_kron_only_and_explicit_option_wins():
     model = lenet()
-    la = Laplace(model, "classification", subset_of_weights="all", hessian_structure="kron",
-                 backend=compat.BackPackGGN)
+    la = compat.Engine(model, "classification", subset_of_weights="all", hessian_structure="kron",
+                       backend=compat.BackPackGGN)
     assert la.structure.kfac_approx == "backpack"
-    la = Laplace(model, "classification", subset_of_weights="all", hessian_structure="kron",
-                 backend=compat.BackPackGGN, structure_options={"kfac_approx": "expand"})
+    la = compat.Engine(model, "classification", subset_of_weights="all", hessian_structure="kron",
+                       backend=compat.BackPackGGN, structure_options={"kfac_approx": "expand"})
     assert la.structure.kfac_approx == "expand"
-    assert Laplace(model, "classification", subset_of_weights="all", hessian_structure="kron",
-                   backend=compat.CurvlinopsGGN).structure.kfac_approx == "expand"
-    Laplace(model, "classification", subset_of_weights="all", hessian_structure="diag", backend=compat.BackPackGGN)
+    assert compat.Engine(model, "classification", subset_of_weights="all", hessian_structure="kron",
+                         backend=compat.CurvlinopsGGN).structure.kfac_approx == "expand"
+    compat.Engine(model, "classification", subset_of_weights="all", hessian_structure="diag", backend=compat.BackPackGGN)
 
 
 def test_state_dict_keeps_the_convention():

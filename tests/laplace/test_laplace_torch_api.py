@@ -123,13 +123,13 @@ def test_compat_factory_backends_and_keywords():
     torch.testing.assert_close(la.log_marginal_likelihood(), ref.log_marginal_likelihood())
     assert isinstance(compat.Laplace(model, "classification"), compat.KronLLLaplace)
     with pytest.raises(ValueError, match="backend"):
-        Laplace(model, "regression", backend="hessian")
+        compat.Engine(model, "regression", backend="hessian")
     with pytest.raises(ValueError, match="contradicts"):
-        Laplace(model, "regression", backend=compat.AsdlEF, curvature="mc_fisher")
+        compat.Engine(model, "regression", backend=compat.AsdlEF, curvature="mc_fisher")
     with pytest.raises(ValueError, match="backend_kwargs"):
-        Laplace(model, "regression", backend_kwargs={"stochastic": True})
+        compat.Engine(model, "regression", backend_kwargs={"stochastic": True})
     with pytest.raises(ValueError, match="feature_reduction"):
-        Laplace(model, "regression", feature_reduction="max")
+        compat.Engine(model, "regression", feature_reduction="max")
 
 
 @pytest.mark.parametrize("option,value", [("sigma_noise", torch.ones(1, 1)), ("sigma_noise", "1.2"),
@@ -160,7 +160,7 @@ class _DictModel(nn.Module):
 def test_dict_batches_and_model_kwargs():
     X, y = _data()
     dm = _DictModel()
-    la = Laplace(dm, "regression", "all", "kron", dict_key_y="target")
+    la = compat.Engine(dm, "regression", "all", "kron", dict_key_y="target")
     la.fit([UserDict({"x": X[:6], "target": y[:6]}), UserDict({"x": X[6:], "target": y[6:]})])
     ref = Laplace(dm.net, "regression", "all", "kron")
     ref.fit(loader(X, y, 6))

@@ -49,7 +49,7 @@ def test_nn_predictive_needs_mc_link_like_laplace_torch(lik):
 
 
 def test_config_rejects_nn_with_a_closed_form_link():
-    from laplace_lab.config.validation import validate_config as validate_laplace_config
+    from laplace_lab.config.load import load_run_config as validate_laplace_config
     from tests.conftest import compose_config
 
     validate_laplace_config(compose_config(["predictive=nn_mc"]))

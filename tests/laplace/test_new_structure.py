@@ -10,7 +10,7 @@ import pytest
 import torch
 from laplace_refs import data, dense_curvature, dense_jacobian, loader, mlp
 
-from laplace_lab.config.validation import validate_config
+from laplace_lab.config.load import load_run_config
 from laplace_lab.laplace import Laplace
 from laplace_lab.laplace.eigen_marglik import EigenMarglik
 from laplace_lab.laplace.hyper import MarglikOptimizer
@@ -27,7 +27,7 @@ NAME = "isotropic_test"
 class IsotropicStructure(Structure):
     name = NAME
     prior_structures = ("scalar", "layerwise", "diagonal")
-    curvatures = ("ggn", "ef")
+    curvature_types = ("ggn", "ef")
 
     def reset(self):
         self.diag_sum = torch.zeros(self.n_params, device=self.device, dtype=self.dtype)
@@ -130,10 +130,10 @@ def test_new_structure_in_config_validation(registered):
     with pytest.raises(ValueError, match=rf"hessian_structure='{NAME}' needs curvature in \['ggn', 'ef'\]"):
         LaplaceSpec(hessian_structure=NAME, curvature="mc_fisher").validate()
     cfg = compose_config([f"curvature.hessian_structure={NAME}", "curvature.type=ggn", "prior=diagonal"])
-    validate_config(cfg)
+    load_run_config(cfg)
     cfg = compose_config([f"curvature.hessian_structure={NAME}", "curvature.type=mc_fisher"])
     with pytest.raises(ValueError, match=r"curvature.hessian_structure='isotropic_test' needs curvature.type"):
-        validate_config(cfg)
+        load_run_config(cfg)
 
 
 def test_unregistered_structure_is_rejected():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from laplace_lab.reporting import peer_pairs
+from laplace_lab.reporting import peer_csv, peer_pairs, provenance
 from laplace_lab.reporting import reference as ref
 
 GROUP_BY = ["method_name"]
@@ -55,10 +55,12 @@ PEERS = {"peer/authors.csv": {"code": "authors", "what": "the authors' uq.py, en
 MARGINS = [{"metric": "*ece", "margin": 0.02, "reason": "two points of ECE"}]
 
 
-def write(tmp_path: Path, refs: list, csv_text: str = PEER_CSV, **top) -> Path:
+def write(tmp_path: Path, refs: list, csv_text: str = PEER_CSV, sealed: bool = True, **top) -> Path:
     folder = tmp_path / "paper"
     (folder / "peer").mkdir(parents=True, exist_ok=True)
     (folder / "peer" / "authors.csv").write_text(csv_text)
+    if sealed:
+        peer_csv.seal(folder / "peer" / "authors.csv")  # its row count last, as the peer scripts write it
     path = folder / "reference.yaml"
     if any(e.get("kind") == "peer" for e in refs if isinstance(e, dict)):
         top = {"peers": PEERS, "margins": MARGINS, **top}
@@ -239,6 +241,49 @@ def test_malformed_peer_csv_is_rejected_naming_line_and_column(tmp_path, csv_tex
     with pytest.raises(ref.ReferenceFileError, match=message) as info:
         ref.load_reference(path)
     assert "entry 'q', field `csv`" in str(info.value) and "peer/authors.csv" in str(info.value)
+
+
+Q = {"id": "q", "kind": "peer", "csv": "peer/authors.csv", "row": {}, "metric": "m", "source": "s"}
+SEALED = "# made by x\nside,seed,commit,command,m\nours,0,abc,run,0.1\nours,1,abc,run,0.2\ntheirs,0,d,run,0.1\n# rows: 3\n"
+
+
+@pytest.mark.parametrize("csv_text, message", [
+    (SEALED.removesuffix("# rows: 3\n"), r"authors.csv: no '# rows: N' line at its end, so it may be cut off \(a peer "
+                                          r"CSV ends with its row count; this one has 3 data rows\)"),
+    (SEALED.replace("theirs,0,d,run,0.1\n", ""), r"authors.csv: line 5 says 3 data rows, the file has 2: cut off or "
+                                                 r"edited since it was written"),
+    (SEALED + "theirs,1,d,run,0.2\n", r"line 6 '# rows: 3' is not the file's last line: rows were added after it"),
+    (SEALED.replace("# rows: 3", "# rows: three"), r"line 6 '# rows: three': the row count must be a whole number"),
+])
+def test_a_peer_csv_cut_off_at_a_line_boundary_is_refused(tmp_path, csv_text, message):
+    """A file cut after a whole row is still valid CSV: its last line, the row count, says so."""
+    path = write(tmp_path, [Q], csv_text=csv_text, sealed=False)
+    with pytest.raises(ref.ReferenceFileError, match=message) as info:
+        ref.load_reference(path)
+    assert "python -m laplace_lab.reporting.peer_csv --seal" in str(info.value)
+    assert len(peer_pairs.read_peer_csv(write(tmp_path, [Q], csv_text=SEALED, sealed=False).parent / Q["csv"]).rows) == 3
+
+
+def test_the_peer_csv_writers_keep_the_count_last(tmp_path):
+    path = tmp_path / "peer.csv"
+    fields = ["side", "seed", "commit", "command", "m"]
+    for seed in (0, 1):
+        peer_csv.append_row(path, {"side": "theirs", "seed": seed, "commit": "d", "command": "run", "m": 0.1}, fields,
+                            counted=True)
+    assert path.read_bytes().endswith(b"theirs,1,d,run,0.1\r\n# rows: 2\n")
+    kept = peer_csv.replace_ours_rows(path, [{"side": "ours", "seed": 0, "commit": "a", "command": "run", "m": 0.2}],
+                                      fields)
+    table = peer_pairs.read_peer_csv(path)
+    assert kept == 2 and len(table.rows) == 3 and table.comments == ()
+    before = path.read_bytes()
+    assert peer_csv.seal(path) == 3 and path.read_bytes() == before  # sealing again changes no byte
+
+
+def test_the_committed_peer_csvs_are_sealed():
+    files = sorted((provenance.REPO_ROOT / "experiments").glob("*/peer/*.csv"))
+    assert files
+    for path in files:
+        assert peer_pairs.read_peer_csv(path).rows
 
 
 def test_file_level_fields_of_format2(tmp_path):

@@ -20,6 +20,7 @@ ours,0,la,abc,run,0.5
 ours,1,la,abc,run,0.6
 theirs,0,la,def,run,0.5
 theirs,1,la,def,run,0.6
+# rows: 4
 """
 SOURCE = {"paper": "P", "where": "Table 1", "row": "LA", "column": "ECE", "read_from": "arXiv"}
 

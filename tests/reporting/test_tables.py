@@ -96,6 +96,15 @@ def repo(tmp_path, monkeypatch) -> Path:
     return root
 
 
+@pytest.fixture
+def preset_t(monkeypatch) -> str:
+    """A stand-in preset "t" whose table is t (``commit_results`` writes only a preset's own table); it is
+    in no commit, so its tables need ``allow_mixed``."""
+    monkeypatch.setattr(tables, "preset_spec", lambda preset, real=tables.preset_spec: {"name": "t"} if preset == "t"
+                        else real(preset))
+    return "t"
+
+
 def finished_jobs(sweep: Path) -> list[Path]:
     return sorted(p.parent for p in sweep.rglob("status.json") if json.loads(p.read_text())["state"] == "finished")
 
@@ -392,14 +401,20 @@ def test_a_resumed_job_counts_its_earlier_launches(sweep, tmp_path):
     assert "checkpoint/resumed_fit_s" in md.read_text()
 
 
-def test_tables_go_to_the_sweep_folder_and_results_only_with_commit_results(sweep, tmp_path, repo):
+def test_tables_go_to_the_sweep_folder_and_results_only_with_commit_results(sweep, tmp_path, repo, preset_t):
     paths = tables.aggregate([sweep], "toy", metrics=["test/map/acc"])
     assert [p.parent for p in paths] == [sweep] * 3
     with pytest.raises(ValueError, match="holds the committed tables: write there only with --commit-results"):
         tables.aggregate([sweep], "toy", metrics=["test/map/acc"], results_dir=repo / "results")
     with pytest.raises(ValueError, match="either results_dir"):
         tables.aggregate([sweep], "toy", results_dir=tmp_path, commit_results=True)
-    paths = tables.aggregate([sweep], "toy", metrics=["test/map/acc"], commit_results=True)
+    with pytest.raises(ValueError, match="--commit-results needs --preset"):  # the command line's rule
+        tables.aggregate([sweep], "t", metrics=["test/map/acc"], commit_results=True)
+    with pytest.raises(ValueError, match=r"--name 'toy' with --commit-results: preset 't' writes results/t\.\*"):
+        tables.aggregate([sweep], "toy", metrics=["test/map/acc"], commit_results=True, preset=preset_t)
+    assert not (repo / "results").exists()
+    paths = tables.aggregate([sweep], "t", metrics=["test/map/acc"], commit_results=True, preset=preset_t,
+                             allow_mixed=True)
     assert [p.parent for p in paths] == [repo / "results"] * 3
 
 
@@ -588,12 +603,11 @@ def test_committed_reference_files_are_valid():
             assert (CONF_DIR / "experiment" / f"{preset}.yaml").is_file(), f"{path}: no such preset {preset}"
 
 
-def test_cli_refuses_with_a_message_and_commits_results_only_when_asked(sweep, tmp_path, repo, monkeypatch, capsys):
+def test_cli_refuses_with_a_message_and_commits_results_only_when_asked(sweep, tmp_path, repo, preset_t, monkeypatch,
+                                                                       capsys):
     set_git(finished_jobs(sweep)[0], "abc1234", dirty=True)
     with pytest.raises(SystemExit, match="error: --commit-results needs --preset"):
         tables.main([str(sweep), "--name", "t", "--commit-results", "--allow-mixed"])
-    monkeypatch.setattr(tables, "preset_spec", lambda preset, real=tables.preset_spec: {"name": "t"} if preset == "t"
-                        else real(preset))  # a stand-in preset "t" whose table is t
     with pytest.raises(SystemExit, match="error: refusing to write table 't': 1 job.* ran from a dirty"):
         tables.main([str(sweep), "--preset", "t", "--commit-results"])
     assert not (repo / "results").exists()

@@ -14,7 +14,7 @@ from laplace_lab.io import atomic
 from laplace_lab.reporting import table_commit, tables
 from laplace_lab.reporting.table_commit import ShrinkingTable
 
-from .test_tables import make_job, read_csv, repo, sweep  # noqa: F401
+from .test_tables import make_job, preset_t, read_csv, repo, sweep  # noqa: F401
 
 
 def test_failed_and_unfinished_jobs_are_named_with_why(sweep, tmp_path):  # noqa: F811
@@ -52,8 +52,9 @@ def test_results_subfolders_need_commit_results(sweep, repo):  # noqa: F811
     assert not (repo / "results").exists()
 
 
-def test_commit_results_refuses_a_smaller_table_and_removes_stale_figures(sweep, tmp_path, repo, monkeypatch):  # noqa: F811
-    full = tables.aggregate([sweep], "t", metrics=["test/map/acc"], commit_results=True, figures=["reliability"])
+def test_commit_results_refuses_a_smaller_table_and_removes_stale_figures(sweep, tmp_path, repo, preset_t):  # noqa: F811
+    commit = {"commit_results": True, "preset": preset_t, "allow_mixed": True}
+    full = tables.aggregate([sweep], "t", metrics=["test/map/acc"], figures=["reliability"], **commit)
     figures = repo / "results" / "t_figures"
     assert sorted(p.name for p in figures.iterdir()) == ["model=lenet,curvature=diag__reliability.png",
                                                          "model=mlp,curvature=kron__reliability.png"]
@@ -64,10 +65,8 @@ def test_commit_results_refuses_a_smaller_table_and_removes_stale_figures(sweep,
     make_job(small, "mlp", "kron", 0, {"test/map/acc": 0.1})
     with pytest.raises(ShrinkingTable, match=r"by a smaller table: 1 jobs \(the committed table has 5\); seeds missing: "
                                              r"seed=1, seed=2; rows missing: model=lenet,curvature=diag"):
-        tables.aggregate([small], "t", metrics=["test/map/acc"], commit_results=True, figures=["reliability"])
+        tables.aggregate([small], "t", metrics=["test/map/acc"], figures=["reliability"], **commit)
     assert {p: p.read_text() for p in full} == before  # nothing written
-    monkeypatch.setattr(tables, "preset_spec", lambda preset, real=tables.preset_spec: {"name": "t"} if preset == "t"
-                        else real(preset))  # a stand-in preset "t" whose table is t
     cli = [str(small), "--preset", "t", "--allow-mixed", "--metrics", "test/map/acc", "--commit-results", "--figures",
            "reliability"]  # (--allow-mixed: the stand-in preset is in no commit)
     with pytest.raises(SystemExit, match="--allow-smaller"):
@@ -76,7 +75,7 @@ def test_commit_results_refuses_a_smaller_table_and_removes_stale_figures(sweep,
     assert [r["n"] for r in read_csv(repo / "results" / "t.csv")] == ["1"]
     assert sorted(p.name for p in figures.iterdir()) == ["model=mlp,curvature=kron__reliability.png", "other.png"]
     # the same or a bigger table replaces it without the flag
-    tables.aggregate([sweep], "t", metrics=["test/map/acc"], commit_results=True)
+    tables.aggregate([sweep], "t", metrics=["test/map/acc"], **commit)
 
 
 def test_the_three_files_are_written_whole(sweep, tmp_path, monkeypatch):  # noqa: F811

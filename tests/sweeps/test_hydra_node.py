@@ -109,6 +109,62 @@ def test_a_preset_hydra_node_is_checked(case, files, tmp_path):
     assert not dst.exists()
 
 
+SLURM = "hydra/launcher=submitit_slurm"
+OPTUNA = "hydra/sweeper=map_optuna"
+LAUNCH_OPTIONS = {  # shell lines a SLURM batch script runs, files or servers an Optuna study uses
+    "a shell command": (lambda s, d: [SLURM, f"hydra.launcher.setup=['cp {s} {d}']"],
+                        r"hydra.launcher.setup\[0\]='cp .*' is not allowed; allowed: null or a list of lines of "
+                        r"the forms \['module load\|unload\|swap <name>...', 'module purge', 'conda activate <name>'"),
+    "a chained command": (lambda s, d: [SLURM, f"hydra.launcher.setup=['module load cuda; cp {s} {d}']"],
+                          r"hydra.launcher.setup\[0\]='module load cuda; cp .*' is not allowed"),
+    "a command substitution": (lambda s, d: [SLURM, f"hydra.launcher.setup=['export X=`cp {s} {d}`']"],
+                               r"hydra.launcher.setup\[0\]='export X=`cp .*`' is not allowed"),
+    "a code-loading variable": (lambda s, d: [SLURM, f"hydra.launcher.setup=['export LD_PRELOAD={s}']"],
+                                r"LD_PRELOAD changes what code a job loads or runs"),
+    "a sourced file": (lambda s, d: [SLURM, f"hydra.launcher.setup=['source {s}']"], r"setup\[0\]='source .*secret'"),
+    "an interpolated line": (lambda s, d: [SLURM, "hydra.launcher.setup=['${oc.env:EVIL_LINE}']"],
+                             r"hydra.launcher.setup\[0\]='\$\{oc.env:EVIL_LINE\}' is not allowed"),
+    "a study file elsewhere": (lambda s, d: [OPTUNA, f"hydra.sweeper.storage='sqlite:///{d}'"],
+                               r"hydra.sweeper.storage='sqlite:///.*copied' is not allowed; allowed: null .* or a "
+                               r"sqlite file in the sweep's own folder, 'sqlite:///\$\{hydra.sweep.dir\}/<name>.db'"),
+    "a study file above the folder": (lambda s, d: [OPTUNA, "hydra.sweeper.storage='sqlite:///${hydra.sweep.dir}/../x.db'"],
+                                      r"hydra.sweeper.storage=.*/../x.db' is not allowed"),
+    "a database server": (lambda s, d: [OPTUNA, "hydra.sweeper.storage='postgresql://lab@db.example/optuna'"],
+                          r"hydra.sweeper.storage='postgresql://lab@db.example/optuna' is not allowed"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAUNCH_OPTIONS))
+def test_launch_shell_lines_and_study_storage_are_checked(case, files, monkeypatch):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    monkeypatch.setenv("EVIL_LINE", "cp a b")
+    src, dst = files
+    overrides, message = LAUNCH_OPTIONS[case]
+    with pytest.raises(safe_targets.HydraNodeError, match=message):
+        _compose(overrides(src, dst))
+    assert not dst.exists()
+
+
+def test_a_preset_cannot_set_shell_lines_either(files, tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    src, dst = files
+    body = f"defaults:\n  - override /hydra/launcher: submitit_slurm\nhydra:\n  launcher:\n    setup: ['cp {src} {dst}']\n"
+    with pytest.raises(safe_targets.HydraNodeError, match=r"hydra.launcher.setup\[0\]='cp .*' is not allowed"):
+        _compose(["experiment=evil"], _preset(tmp_path, body))
+
+
+def test_the_documented_shell_lines_and_study_file_pass():
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
+    lines = ["module purge", "module load cuda/12.1 gcc", "conda activate lab", "source .venv/bin/activate",
+             "export LAPLACE_LAB_DATA_DIR=/shared/data", "export OMP_NUM_THREADS=8"]
+    cfg = _compose([SLURM, OPTUNA, f"hydra.launcher.setup=[{','.join(repr(line) for line in lines)}]",
+                    "hydra.sweeper.storage='sqlite:///${hydra.sweep.dir}/optuna.db'"])
+    assert list(cfg.hydra.launcher.setup) == lines
+    assert cfg.hydra.sweeper.storage == f"sqlite:///{cfg.hydra.sweep.dir}/optuna.db"
+
+
 @pytest.mark.parametrize("overrides", [[], ["hydra/launcher=submitit_local"], ["hydra/launcher=submitit_slurm"],
                                        ["hydra/launcher=ray"], ["hydra/sweeper=map_optuna"],
                                        ["hydra/sweeper=map_grid"], ["hydra.job_logging.root.level=DEBUG"]])
@@ -122,7 +178,7 @@ def test_the_project_hydra_configs_pass(overrides):
 @pytest.mark.parametrize("override, message", [
     ("callbacks.online_marglik._target_=laplace_lab.sweeps.callback.SweepSummary",
      r"callbacks.online_marglik._target_='laplace_lab.sweeps.callback.SweepSummary' is not allowed; allowed: "
-     r"\['laplace_lab.training.callbacks.augmentation_marglik', .*\] \(callbacks.\*._target_ takes one of these"),
+     r"\['laplace_lab.training.callbacks.checkpoints', .*\] \(callbacks.\*._target_ takes one of these"),
     ("module._target_=laplace_lab.models.MLP",
      r"module._target_='laplace_lab.models.MLP' is not allowed; allowed: \['laplace_lab.training.module.MAPCore'\]"),
     ("optimizer._target_=laplace_lab.models.MLP", r"allowed: \['torch.optim.Adam', 'torch.optim.AdamW'"),

@@ -3,6 +3,7 @@ skipped by a relaunch with a warning, not a traceback that aborts the sweep."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -11,6 +12,7 @@ import subprocess
 import pytest
 
 from laplace_lab.sweeps import jobs, status
+from laplace_lab.sweeps.callback import summarize
 
 from .helpers import TINY, multirun, summary
 
@@ -27,6 +29,21 @@ def test_a_skip_that_cannot_be_recorded_is_a_warning(tmp_path, monkeypatch, capl
     assert f"Skipped finished job in {tmp_path}, but could not record the skip in its status.json" in caplog.text
     assert "PermissionError" in caplog.text
     assert status.read_status(tmp_path) == {"state": "finished"}
+
+
+def test_the_summary_counts_a_skip_that_could_not_be_stamped(tmp_path, monkeypatch):
+    sweep, job = tmp_path / "multirun", tmp_path / "multirun" / "seed=0"
+    job.mkdir(parents=True)
+    status.write_status(job, state="finished", last_launch_id="L1")
+    monkeypatch.setattr(status, "write_json_atomic", lambda path, data, **kw: (_ for _ in ()).throw(
+        PermissionError(1, "Operation not permitted", str(path))))
+    jobs.record_skip(job, "L2", sweep)
+    s = summarize(sweep, "L2")
+    assert s["counts"] == {"finished": 0, "skipped": 1, "failed": 0, "unfinished": 0}
+    assert s["skipped"] == s["skipped_immutable"] == ["seed=0"]
+    assert summarize(sweep, "L3")["skipped_immutable"] == []  # another launch's skips are not this one's
+    line = json.loads((sweep / status.IMMUTABLE_SKIPS).read_text())
+    assert line["job"] == "seed=0" and line["error"].startswith("PermissionError")
 
 
 def _immutable(path) -> bool:
@@ -50,5 +67,7 @@ def test_relaunch_over_an_immutable_finished_job(tmp_path):
     assert again == sweep and proc.returncode == 0, proc.stderr[-3000:]
     output = proc.stdout + proc.stderr
     assert "could not record the skip in its status.json" in output
-    # the marker could not be stamped with this launch: summary.json counts the job under its own launch
-    assert summary(sweep)["counts"] == {"finished": 0, "skipped": 0, "failed": 0, "unfinished": 0}
+    # the marker could not be stamped with this launch: the sweep folder notes the skip, the summary counts it
+    s = summary(sweep)
+    assert s["counts"] == {"finished": 0, "skipped": 1, "failed": 0, "unfinished": 0}, s
+    assert s["skipped"] == s["skipped_immutable"] == [job.name]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from laplace_lab.sweeps import children, signals
+from laplace_lab.sweeps import children, lock, signals
 from laplace_lab.sweeps.jobs import run_tracked
 from laplace_lab.sweeps.signals import JobInterrupted
 
@@ -101,29 +101,80 @@ def test_a_worker_marks_its_job_and_exits_non_zero(tmp_path, monkeypatch, restor
         run_tracked(run, {}, tmp_path / "job2")
 
 
+def _start_and_stop(tmp_path: Path, *overrides: str, running: int = 1) -> tuple[subprocess.Popen, str, Path, list[int]]:
+    """Launch a long multirun, wait until ``running`` of its jobs train, send the launcher SIGTERM and
+    wait for it; returns (the process, its output, the sweep folder, the jobs' worker pids)."""
+    cmd, sweep = multirun_command(tmp_path, *overrides, *LONG)
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, **ENV}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline, jobs = time.monotonic() + 240, []
+    while time.monotonic() < deadline and len(jobs) < running and proc.poll() is None:
+        time.sleep(0.5)
+        jobs = [p.parent for p in sweep.glob("*/status.json") if json.loads(p.read_text() or "{}").get("state") == "running"]
+    workers = [json.loads((job / "status.json").read_text())["pid"] for job in jobs]
+    try:
+        assert len(jobs) == running, f"{len(jobs)} of {running} jobs started"
+        time.sleep(3)  # well into training
+        os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=240)
+        return proc, out, sweep, workers
+    finally:  # a failed test leaves no training process behind
+        proc.kill()
+        for pid in workers:
+            if children.alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _assert_stopped(proc: subprocess.Popen, out: str, sweep: Path, workers: list[int], jobs: int) -> None:
+    assert proc.returncode == 143, out[-3000:]
+    assert not any(children.alive(pid) for pid in workers)  # the lock is released only after the workers ended
+    summary = json.loads((sweep / "summary.json").read_text())
+    assert summary["interrupted"] == "SIGTERM" and summary["counts"]["failed"] == jobs, summary
+    for job in sweep.glob("*/status.json"):
+        status = json.loads(job.read_text())
+        assert status["state"] == "failed" and status["interrupted"] == "SIGTERM", status
+    lock.release(lock.acquire(sweep, {"pid": os.getpid()}))  # free for the next launch
+
+
 @pytest.mark.slow  # a submitit_local launch: ~1 min on a loaded 2-core machine
 def test_sigterm_to_a_submitit_launch_stops_its_worker_before_the_lock_is_released(tmp_path):
     require_plugin("hydra_plugins.hydra_submitit_launcher")
-    cmd, sweep = multirun_command(tmp_path, "hydra/launcher=submitit_local", *LONG, "seed=0")
-    env = {**os.environ, **ENV}
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline, job = time.monotonic() + 240, None
-    while time.monotonic() < deadline and job is None:
-        time.sleep(0.5)
-        job = next((p.parent for p in sweep.glob("*/status.json")
-                    if json.loads(p.read_text() or "{}").get("state") == "running"), None)
-    assert job is not None, "the job never started"
-    time.sleep(3)  # well into training
-    worker = json.loads((job / "status.json").read_text())["pid"]
-    os.kill(proc.pid, signal.SIGTERM)
-    try:
-        out, _ = proc.communicate(timeout=240)
-        assert proc.returncode == 143, out[-3000:]
-        assert not children.alive(worker)  # the lock is released only after the worker ended
-    finally:  # a failed test leaves no training process behind
-        proc.kill()
-        if children.alive(worker):
-            os.kill(worker, signal.SIGKILL)
-    status = json.loads((job / "status.json").read_text())
-    assert status["state"] == "failed" and status["interrupted"] == "SIGTERM", status
-    assert json.loads((sweep / "summary.json").read_text())["interrupted"] == "SIGTERM"
+    _assert_stopped(*_start_and_stop(tmp_path, "hydra/launcher=submitit_local", "seed=0"), jobs=1)
+
+
+def test_a_deferred_signal_is_raised_from_python_code(restore_handlers):
+    """What the Ray driver waits under: a signal is recorded (nothing raised inside foreign code),
+    ``raise_pending`` raises it, and the handlers of before come back."""
+    before = signal.getsignal(signal.SIGTERM)
+    with signals.deferred():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as ray.init does
+        signals.reinstall()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        with pytest.raises(JobInterrupted) as info:
+            signals.raise_pending()
+        assert info.value.signum == signal.SIGTERM
+        signals.raise_pending()  # once
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_hydra_builds_the_stoppable_ray_launcher():
+    """Hydra loads its plugins a second time when it scans them: the class it instantiates is patched."""
+    require_plugin("hydra_plugins.hydra_ray_launcher")
+    from hydra.core.plugins import Plugins
+
+    from laplace_lab.sweeps import ray_launch
+
+    assert ray_launch.patch_ray_launcher()
+    cls = Plugins.instance().class_name_to_class[ray_launch.CLASS]
+    assert cls.launch.__doc__ == ray_launch.launch.__doc__
+
+
+@pytest.mark.slow  # a local Ray node and two workers: ~1 min on a loaded 2-core machine
+def test_sigterm_to_a_ray_launch_marks_every_job_and_writes_the_summary(tmp_path):
+    """Ray's driver used to abort (exit -6, no summary.json) or hang in ray.get: now both jobs are
+    marked interrupted by their workers, the summary is written and the launch exits 143."""
+    require_plugin("hydra_plugins.hydra_ray_launcher")
+    pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[launchers]')")
+    run = _start_and_stop(tmp_path, "hydra/launcher=ray", "hydra.launcher.ray.init.num_cpus=2", "seed=0,1", running=2)
+    _assert_stopped(*run, jobs=2)

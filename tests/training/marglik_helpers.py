@@ -8,7 +8,7 @@ from torch.utils.data import TensorDataset
 
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.training import MAPModule
-from laplace_lab.training.online_marglik import OnlineMarglik
+from laplace_lab.training.online_marglik import OnlineMarglik, OnlineMarglikOptions
 
 
 class TensorDataModule(LabDataModule):
@@ -31,7 +31,7 @@ def fit_online(model, dm, epochs, lr=1e-2, callback_kwargs=None, trainer_kwargs=
     kwargs = dict(laplace_kwargs={"subset_of_weights": "all", "hessian_structure": "full", "curvature": "ggn"},
                   prior_structure="scalar", frequency=1, n_steps=10, lr_hyp=0.1, early_stopping=False)
     kwargs.update(callback_kwargs or {})
-    callback = OnlineMarglik(**kwargs)
+    callback = OnlineMarglik(OnlineMarglikOptions(**kwargs))
     trainer = pl.Trainer(max_epochs=epochs, logger=False, enable_checkpointing=bool(extra_callbacks),
                          enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,

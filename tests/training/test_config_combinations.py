@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from laplace_lab.config.validation import validate_config
+from laplace_lab.config.load import load_run_config
 from tests.conftest import CONF_DIR, compose_config
 
 CURVATURES = sorted(f.stem for f in (CONF_DIR / "curvature").glob("*.yaml"))
@@ -27,11 +27,11 @@ def test_combination(curvature, ctype, prior, marglik):
     cfg = compose_config([f"curvature={curvature}", f"curvature.type={ctype}", f"prior={prior}",
                           f"marglik={marglik}"])
     if is_valid(curvature, ctype, prior):
-        validate_config(cfg)
+        load_run_config(cfg)
     else:
         with pytest.raises(ValueError, match=r"prior.structure='diagonal'.*curvature.hessian_structure='kron'|"
                                              r"'lowrank' needs curvature.type in \['ggn', 'ef'\]"):
-            validate_config(cfg)
+            load_run_config(cfg)
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,7 @@ def test_combination(curvature, ctype, prior, marglik):
 )
 def test_rejected(overrides, pattern):
     with pytest.raises(ValueError, match=pattern):
-        validate_config(compose_config(overrides))
+        load_run_config(compose_config(overrides))
 
 
 @pytest.mark.parametrize("overrides", [
@@ -82,7 +82,7 @@ def test_rejected(overrides, pattern):
     ["prior=normgroups", "marglik=online", "curvature=kron", "curvature.type=ef", "marglik.fused=true"],
 ])
 def test_antoran_options_accepted(overrides):
-    validate_config(compose_config(overrides))
+    load_run_config(compose_config(overrides))
 
 
 @pytest.mark.parametrize("overrides", [
@@ -90,4 +90,4 @@ def test_antoran_options_accepted(overrides):
     ["curvature=kron", "curvature.hessian_structure=diag"],  # kron.yaml's default kfac_approx is not stray
 ])
 def test_structure_options_accepted(overrides):
-    validate_config(compose_config(overrides))
+    load_run_config(compose_config(overrides))

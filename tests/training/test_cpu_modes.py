@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from laplace_lab.config.validation import validate_config
+from laplace_lab.config.load import load_run_config
 from laplace_lab.train import set_cpu_modes
 from tests.conftest import compose_config
 
@@ -29,4 +29,4 @@ def test_flush_denormal_follows_the_config():
 
 def test_flush_denormal_must_be_a_bool():
     with pytest.raises(ValueError, match=r"flush_denormal must be true or false; got 'yes'"):
-        validate_config(compose_config(["flush_denormal=yes"]))
+        load_run_config(compose_config(["flush_denormal=yes"]))

@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector
 
 from laplace_lab.training.module import MAPCore
-from laplace_lab.training.online_marglik import OnlineMarglikCore
+from laplace_lab.training.online_marglik import OnlineMarglikCore, OnlineMarglikOptions
 from laplace_lab.training.plain_loop import PlainTrainer
 from tests.conftest import compose_config
 from tests.training.marglik_helpers import TensorDataModule
@@ -96,9 +96,9 @@ def _train_ours(scale: str, X, y, epochs: int, k: int):
     dm = TensorDataModule(X, y, batch_size=len(X))
     module = MAPCore(_net(), "regression", n_data=len(X), optimizer=lambda p: torch.optim.Adam(p, lr=1e-2),
                      loss_scale=scale)
-    callback = OnlineMarglikCore({"subset_of_weights": "all", "hessian_structure": "full", "curvature": "ggn"},
-                                 prior_structure="layerwise", frequency=1, n_steps=k, burnin=1, lr_hyp=0.1,
-                                 early_stopping=False)
+    callback = OnlineMarglikCore(OnlineMarglikOptions({"subset_of_weights": "all", "hessian_structure": "full", "curvature": "ggn"},
+                                                      prior_structure="layerwise", frequency=1, n_steps=k, burnin=1, lr_hyp=0.1,
+                                                      early_stopping=False))
     PlainTrainer(epochs, torch.device("cpu"), callbacks=[callback], check_val_every_n_epoch=epochs + 1).fit(module, dm)
     return [p.detach() for p in module.model.parameters()], float(module.sigma_noise)
 
@@ -147,8 +147,8 @@ def test_fused_regression_ef_equals_the_exact_pass(scale):
     for fused in (False, True):
         module = MAPModule(_net(), "regression", n_data=len(X), optimizer=lambda p: torch.optim.SGD(p, lr=0.0),
                            sigma_noise=0.5, loss_scale=scale)
-        callback = OnlineMarglik({"subset_of_weights": "all", "hessian_structure": "kron", "curvature": "ef"},
-                                 prior_structure="layerwise", n_steps=5, early_stopping=False, fused=fused)
+        callback = OnlineMarglik(OnlineMarglikOptions({"subset_of_weights": "all", "hessian_structure": "kron", "curvature": "ef"},
+                                                      prior_structure="layerwise", n_steps=5, early_stopping=False, fused=fused))
         trainer = pl.Trainer(max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                              callbacks=[callback], accelerator="cpu")
@@ -169,10 +169,10 @@ def test_bad_values_are_rejected():
     (["map_loss_scale=mse", "likelihood=classification"], r"map_loss_scale='mse' needs likelihood 'regression'"),
 ])
 def test_config_rejects_bad_values_before_any_work(overrides, pattern):
-    from laplace_lab.config.validation import validate_config
+    from laplace_lab.config.load import load_run_config
 
     with pytest.raises(ValueError, match=pattern):
-        validate_config(compose_config(overrides))
+        load_run_config(compose_config(overrides))
 
 
 def test_immer2021_uci_uses_the_peer_scale():

@@ -11,7 +11,7 @@ from torch import nn
 
 from laplace_lab.laplace import Laplace
 from laplace_lab.training import MAPModule
-from laplace_lab.training.online_marglik import OnlineMarglik, marglik_epochs
+from laplace_lab.training.online_marglik import OnlineMarglik, OnlineMarglikOptions, marglik_epochs
 from tests.training.marglik_helpers import TensorDataModule, fit_online
 
 
@@ -185,8 +185,8 @@ def test_fused_mode_equals_the_exact_pass_when_weights_do_not_move(ctype):
         dm = ClassDM(X, y[:, None], batch_size=16)
         dm.train_set = dm.val_set = dm.test_set = torch.utils.data.TensorDataset(X, y)
         module = MAPModule(make(), "classification", n_data=48, optimizer=lambda p: torch.optim.SGD(p, lr=0.0))
-        callback = OnlineMarglik({"subset_of_weights": "all", "hessian_structure": "kron", "curvature": ctype},
-                                 prior_structure="layerwise", n_steps=5, early_stopping=False, fused=fused)
+        callback = OnlineMarglik(OnlineMarglikOptions({"subset_of_weights": "all", "hessian_structure": "kron", "curvature": ctype},
+                                                      prior_structure="layerwise", n_steps=5, early_stopping=False, fused=fused))
         trainer = pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                              callbacks=[callback], accelerator="cpu")
@@ -215,8 +215,8 @@ def test_fast_hyper_steps_follow_the_engine_marglik(structure):
     trainer = type("T", (), {"max_epochs": 2})()
     results = []
     for fast in (True, False):
-        cb = OnlineMarglik({"subset_of_weights": "all", "hessian_structure": structure, "curvature": "ggn"},
-                           prior_structure="layerwise", n_steps=30, lr_hyp=0.1, lr_hyp_min=0.01)
+        cb = OnlineMarglik(OnlineMarglikOptions({"subset_of_weights": "all", "hessian_structure": structure, "curvature": "ggn"},
+                                                prior_structure="layerwise", n_steps=30, lr_hyp=0.1, lr_hyp_min=0.01))
         cb.init_hyperparameters(module, la)
         if not fast:
             cb.hyper.closed_form = lambda la: None

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from laplace_lab.training import MAPModule
-from laplace_lab.training.online_marglik import OnlineMarglik
+from laplace_lab.training.online_marglik import OnlineMarglik, OnlineMarglikOptions
 from tests.training.marglik_helpers import TensorDataModule
 
 
@@ -26,10 +26,10 @@ def run(devices: int):
     dm = TensorDataModule(X, y, batch_size=40 // devices)
     module = MAPModule(model, "regression", n_data=len(X), optimizer=functools.partial(torch.optim.Adam, lr=1e-2),
                        prior_precision=1.0, sigma_noise=1.0)  # picklable, as ddp_spawn would need
-    callback = OnlineMarglik(laplace_kwargs={"subset_of_weights": "all", "hessian_structure": "kron",
-                                             "curvature": "ggn"},
-                             prior_structure="layerwise", frequency=1, n_steps=10, lr_hyp=0.1, early_stopping=False,
-                             optimize_sigma=True, fit_batch_size=10)  # 4 fit batches: 2 per rank
+    callback = OnlineMarglik(OnlineMarglikOptions(laplace_kwargs={"subset_of_weights": "all", "hessian_structure": "kron",
+                                                                  "curvature": "ggn"},
+                                                  prior_structure="layerwise", frequency=1, n_steps=10, lr_hyp=0.1, early_stopping=False,
+                                                  optimize_sigma=True, fit_batch_size=10))  # 4 fit batches: 2 per rank
     trainer = pl.Trainer(max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
                          callbacks=[callback], accelerator="cpu", devices=devices,

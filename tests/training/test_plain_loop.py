@@ -70,8 +70,8 @@ def test_sinusoid_online_marglik_identical(extra, tmp_path):
     (["data=sinusoid", "logger=csv"], "plain"),
     (["data=uci", "logger=csv", "method=online_full"], "plain"),
     (["data=toy2d", "logger=csv", "trainer=cpu"], "plain"),
-    (["data=mnist"], "lightning"),  # the default logger group enables wandb (data_recipe/ turns it off for toy sets)
-    (["data=sinusoid", "logger.wandb.enabled=true"], "lightning"),
+    (["data=mnist"], "lightning"),
+    (["data=sinusoid", "logger.wandb.enabled=true", "logger.wandb.mode=offline"], "plain"),  # its own W&B logger
     (["data=sinusoid", "logger=csv", "checkpoint.enabled=true"], "lightning"),
     (["data=sinusoid", "logger=csv", "trainer.gradient_clip_val=1.0"], "lightning"),
     (["data=sinusoid", "logger=csv", "+trainer.accumulate_grad_batches=2"], "lightning"),
@@ -91,8 +91,8 @@ def test_auto_keeps_lightning_on_cuda(monkeypatch):
 
 
 def test_plain_refuses_what_needs_lightning(tmp_path):
-    with pytest.raises(ValueError, match=r"trainer.loop=plain.*logger.wandb.enabled=true"):
-        run(compose_config(["data=sinusoid", "logger.wandb.enabled=true", "trainer.loop=plain"]), tmp_path)
+    with pytest.raises(ValueError, match=r"trainer.loop=plain.*checkpoint.enabled"):
+        run(compose_config(["data=sinusoid", "checkpoint.enabled=true", "trainer.loop=plain"]), tmp_path)
     with pytest.raises(ValueError, match=r"trainer.loop='fast'.*allowed: \['auto', 'lightning', 'plain'\]"):
         run(compose_config(["data=sinusoid", "logger=csv", "trainer.loop=fast"]), tmp_path)
     assert not (tmp_path / "config_resolved.yaml").exists()  # both before any work

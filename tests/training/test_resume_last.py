@@ -8,7 +8,7 @@ import pytest
 import pytorch_lightning as pl
 
 import laplace_lab.training.fit as fit_module
-from laplace_lab.config.validation import validate_config
+from laplace_lab.config.load import load_run_config
 from laplace_lab.train import run
 from laplace_lab.training.resume import resume_path
 from tests.conftest import compose_config, run_config
@@ -100,7 +100,7 @@ def test_resume_path(tmp_path):
 def test_bad_resume_options_fail_before_any_work(overrides, message, tmp_path):
     cfg = compose_config(["data=sinusoid", *overrides])
     with pytest.raises(ValueError, match=message):
-        validate_config(cfg)
+        load_run_config(cfg)
     with pytest.raises(ValueError, match=message):
         run(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()

@@ -241,7 +241,8 @@ def ours_metrics(finder, members: list[tuple], out_dir: Path) -> dict[str, float
     """Our ``de`` and ``mola`` (fixed prior ``FIXED_PRIOR``) on uq.py's 8000 test images and FashionMNIST."""
     from laplace_lab.config.load import load_run_config
     from laplace_lab.data.vision import hold_out_test
-    from laplace_lab.evaluation import run_evaluation
+    from laplace_lab.evaluation import EvalData, EvaluationPlan, run_evaluation
+    from laplace_lab.evaluation import options as eval_options
     from laplace_lab.training.posthoc import fit_posthoc_laplace
     from laplace_lab.training.predictors import laplace_predictor, map_predictor, mixture_predictor
 
@@ -265,9 +266,9 @@ def ours_metrics(finder, members: list[tuple], out_dir: Path) -> dict[str, float
     predictors = {"de": mixture_predictor(plugins, "classification"),
                   "mola": mixture_predictor(laplaces, "classification")}
     ood = {k: v for k, v in dm0.ood_dataloaders().items() if k == DATASETS[str(cfg0.data.name)]["ood"]}
-    return run_evaluation(eval_cfg, "classification", predictors, dm0.test_dataloader(), ood_loaders=ood,
-                          attack_model=members[0][2].model, out_dir=out_dir, dataset=str(cfg0.data.name),
-                          input_range=dm0.input_range)
+    data = EvalData(dm0.test_dataloader(), ood, dataset=str(cfg0.data.name), input_range=dm0.input_range)
+    return run_evaluation(EvaluationPlan(eval_options.evaluation_config(eval_cfg), "classification", predictors, data,
+                                         attack_model=members[0][2].model, out_dir=out_dir))
 
 
 def our_commit() -> str:

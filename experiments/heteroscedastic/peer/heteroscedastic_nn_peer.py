@@ -47,6 +47,7 @@ from pathlib import Path
 # the project's stdlib-only helpers, importable also in the authors' environment (no PYTHONPATH=src)
 sys.path.append(str(Path(__file__).resolve().parents[3] / "src"))
 from laplace_lab.reporting.peer_checkout import PeerCheckoutError, checkout_commit  # noqa: E402
+from laplace_lab.reporting.peer_csv import append_row  # noqa: E402
 
 # our method names -> the authors' command-line options (commands/jobs_uci_generate.py)
 METHODS = {
@@ -244,8 +245,7 @@ def main() -> None:
                     raise SystemExit(f"{data} split {split} {method}: the authors' script failed")
                 row = json.loads(lines[-1][4:])
                 row.update(side="theirs", seed=split, commit=theirs_commit, command=command, data=data, method=method)
-                with args.out.open("a", newline="") as f:
-                    csv.DictWriter(f, COLUMNS).writerow({k: row.get(k, "") for k in COLUMNS})
+                append_row(args.out, {k: row.get(k, "") for k in COLUMNS}, COLUMNS, counted=True)
                 print(f"{data} split {split} {method}: LA ll {row.get('test/la/ll')}, "
                       f"plug-in ll {row.get('test/map/ll')}, {row['wall_s']} s", flush=True)
 
@@ -288,8 +288,7 @@ def import_rows(out: Path, folder: Path, commit: str) -> None:
         row = json.loads(rows[-1][4:])
         row.update(side="theirs", seed=int(split), commit=commit, command=authors_command(data, int(split), method),
                    data=data, method=method)
-        with out.open("a", newline="") as f:
-            csv.DictWriter(f, COLUMNS).writerow({k: row.get(k, "") for k in COLUMNS})
+        append_row(out, {k: row.get(k, "") for k in COLUMNS}, COLUMNS, counted=True)
         added += 1
     print(f"{out}: {added} rows imported from {folder}")
 

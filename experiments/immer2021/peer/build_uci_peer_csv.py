@@ -16,6 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "src"))
+from laplace_lab.reporting.peer_csv import seal  # noqa: E402
 from laplace_lab.reporting.peer_ours import ours_rows  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -54,6 +55,7 @@ def main() -> None:
         writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(ours + theirs_rows())
+    seal(out)  # the row count last: a cut-off file is refused
     print(f"wrote {out} ({len(ours)} ours rows)")
 
 

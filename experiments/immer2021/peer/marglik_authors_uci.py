@@ -165,7 +165,7 @@ def main() -> None:
                       f"{row['test/map/ll']:.4f}, sigma {row['hparams/sigma_noise']:.4f}, {row['wall_s']} s", flush=True)
             row.update(side="theirs", seed=split, commit=commit, command=command_of(name, split, args.dtype), data=name,
                        method="online_full", dtype=args.dtype)
-            append_row(args.out, row, COLUMNS, extrasaction="ignore")
+            append_row(args.out, row, COLUMNS, extrasaction="ignore", counted=True)
 
 
 if __name__ == "__main__":

@@ -228,7 +228,7 @@ def main() -> None:
                                    + (f" --n-test {args.n_test}" if args.n_test else ""),
                         "data": data, "model": model_name, "n_train": args.n_train, "epochs": args.epochs,
                         "n_test": args.n_test or 10000}
-                append_row(args.out, row, FIELDS)
+                append_row(args.out, row, FIELDS, counted=True)
                 print(f"{data} {model_name} seed {seed}: LA nll {row['test/la/nll']:.4f}, plug-in nll "
                       f"{row['test/map/nll']:.4f}, log marglik {row['laplace/log_marglik']:.1f}, {row['wall_s']} s", flush=True)
 

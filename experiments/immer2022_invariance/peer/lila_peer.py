@@ -56,6 +56,7 @@ from pathlib import Path
 # the project's stdlib-only helpers, importable also in the authors' environment (no PYTHONPATH=src)
 sys.path.append(str(Path(__file__).resolve().parents[3] / "src"))
 from laplace_lab.reporting.peer_checkout import PeerCheckoutError, checkout_commit  # noqa: E402
+from laplace_lab.reporting.peer_csv import append_row  # noqa: E402
 
 VARIANTS = {"mnist": "none", "mnist_r180": "rotated_full", "mnist_r90": "rotated_partial",
             "translated_mnist": "translated"}
@@ -234,8 +235,7 @@ def main() -> None:
                 row.update({"side": "theirs", "seed": seed, "commit": commit, "command": "python " + " ".join(shown),
                             "data.transform": VARIANTS[dataset], "augmentation.mode": mode, "subset": args.subset,
                             "epochs": args.epochs, "wall_s": round(time.time() - start, 1)})
-                with args.out.open("a", newline="") as f:
-                    csv.DictWriter(f, COLUMNS).writerow({k: row.get(k, "") for k in COLUMNS})
+                append_row(args.out, {k: row.get(k, "") for k in COLUMNS}, COLUMNS, counted=True)
                 print(f"{dataset} {mode} seed {seed}: acc {row['test/map/acc']:.4f}, {row['wall_s']} s", flush=True)
 
 

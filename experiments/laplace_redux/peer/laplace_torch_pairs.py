@@ -90,6 +90,9 @@ def main() -> None:
         writer = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
+    from laplace_lab.reporting.peer_csv import seal
+
+    seal(OUT)  # the row count last: a cut-off file is refused
     print(OUT)
 
 

@@ -56,6 +56,7 @@ import torch
 import yaml
 
 from laplace_lab.reporting.peer_checkout import PeerCheckoutError, checkout_commit
+from laplace_lab.reporting.peer_csv import seal
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -168,13 +169,15 @@ def read_csv(path: Path) -> list[dict]:
 
 
 def write_csv(path: Path, rows: list[dict], header: list[str], methods=METHODS, columns=COLUMNS) -> None:
-    """The peer CSV: ``#`` header lines, then ``rows`` sorted by side, seed and ``methods`` order."""
+    """The peer CSV: ``#`` header lines, then ``rows`` sorted by side, seed and ``methods`` order, then
+    its row count (``peer_csv.seal``)."""
     rows = sorted(rows, key=lambda r: (r["side"], int(r["seed"]), list(methods).index(r["method"])))
     with path.open("w", newline="") as f:
         f.writelines(f"# {line}\n" for line in header)
         writer = csv.DictWriter(f, fieldnames=columns, lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
+    seal(path)
 
 
 def _load_finder():

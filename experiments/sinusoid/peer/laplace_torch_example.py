@@ -71,23 +71,25 @@ def run_ours(seed: int, epochs: int | None, hyper_steps: int | None, output_dir:
     from hydra import compose, initialize_config_dir
 
     from laplace_lab.config import CONF_DIR
-    from laplace_lab.config.validation import validate_config
-    from laplace_lab.train import evaluate, set_cpu_modes
+    from laplace_lab.config.load import load_run_config
+    from laplace_lab.evaluation import run_evaluation
+    from laplace_lab.train import set_cpu_modes
     from laplace_lab.training import loop_choice
+    from laplace_lab.training.eval_plan import evaluation_plan
     from laplace_lab.training.fit import train_map
     from laplace_lab.training.posthoc import fit_posthoc_laplace
 
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides(seed, epochs, hyper_steps)
                       + [f"paths.output_root={output_dir}"])
-    job = validate_config(cfg)
+    job = load_run_config(cfg)
     set_cpu_modes(job)
     loop = loop_choice.choose_loop(job)
     datamodule, module, trainer, metrics = train_map(job, output_dir, [], loop)
     module.to("cpu")
     la, la_metrics = fit_posthoc_laplace(job, module, datamodule)
     metrics.update(la_metrics)
-    metrics.update(evaluate(job, module, datamodule, la, [], output_dir, trainer.global_step))
+    metrics.update(run_evaluation(evaluation_plan(job, module, datamodule, la, output_dir), step=trainer.global_step))
     return metrics, module, datamodule
 
 
@@ -156,6 +158,9 @@ def write_csv(path: Path, rows: list[dict], header: list[str]) -> None:
         writer = csv.DictWriter(f, fieldnames=list(COLUMNS), lineterminator="\n")
         writer.writeheader()
         writer.writerows(sorted(rows, key=lambda r: (r["side"], int(r["seed"]))))
+    from laplace_lab.reporting.peer_csv import seal
+
+    seal(path)  # the row count last: a cut-off file is refused
 
 
 def main(argv: list[str] | None = None) -> None:

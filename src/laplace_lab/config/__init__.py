@@ -1,6 +1,8 @@
 """The run's configuration, the boundary between Hydra and the rest of the package.
 
 - ``schema``: one dataclass per config group (types, defaults, allowed values) and ``RunConfig``;
+  the ``evaluation`` group's is ``evaluation.options.EvalConfig``; ``fields``: ``io.fields`` (how an
+  option is declared and checked);
 - ``store``: their defaults as Hydra nodes (``schema/<group>``) that the option files start from,
   and the job config's resolver ``lab_if_equal`` (registered when this package is imported);
 - ``load``: ``load_run_config`` reads a composed config into the typed ``RunConfig``;

@@ -7,8 +7,8 @@ A ``REQUIRED`` option has no default: every option file of the group sets it (``
 differs. ``Spec.options`` names the option files whose node carries a key (``marglik/online`` has
 ``frequency``, ``marglik/off`` has not); the dataclass has every key, so code reads the default of a
 key its option does not carry. The ``_target_`` groups (``data``, ``model``, ``optimizer``,
-``lr_scheduler``) are typed by their constructors' signatures instead (``config.values``);
-``evaluation`` by ``evaluation.config.EvalConfig`` (the evaluation package's own schema).
+``lr_scheduler``) are typed by their constructors' signatures instead (``config.values``); the
+``evaluation`` group's dataclasses are in ``evaluation.options``.
 
 Adding an option to a group: one ``option(...)`` field here (and a yaml value only where a preset or
 an option file differs from the default).
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from laplace_lab.config.fields import REQUIRED, group, option
-from laplace_lab.evaluation.config import EvalConfig
+from laplace_lab.evaluation.options import EvalConfig
 from laplace_lab.laplace.options import Likelihood, LinkApprox, PredType
 from laplace_lab.laplace.predictive import HET_APPROXES
 from laplace_lab.models.augmentation import TRANSFORMS
@@ -351,6 +351,7 @@ GROUPS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "predictive": (PredictiveConfig, None),
     "augmentation": (AugmentationConfig, ("none", "fixed", "learned")),
     "trainer": (TrainerConfig, None),
+    "evaluation": (EvalConfig, None),
 }
 
 

@@ -22,6 +22,13 @@ a ``_target_`` anywhere else is refused. No module prefix is allowed: ``torch.``
   formatters without a factory and no ``ext://`` / ``cfg://`` value but the two standard streams;
   Optuna's ``custom_search_space`` (a callable named by text) must be null; ``hydra.job.env_set``
   may not set what decides which code runs (``LD_PRELOAD``, ``PYTHONPATH``, ``PATH``, ...).
+- Shell lines and files a launcher or sweeper acts on: ``hydra.launcher.setup`` (lines the SLURM
+  batch script runs before the job) takes only the forms of ``SETUP_FORMS`` (``module load cuda/12.1``,
+  ``conda activate lab``, ``source .venv/bin/activate``, ``export NAME=value``; literal, no
+  ``$``, quotes, ``;`` or ``&``, no code-loading variable), whatever its source, since Hydra does not
+  say whether a value came from a committed yaml, a preset or the command line; the Optuna sweeper's
+  ``storage`` (an RDB URL it connects to or a sqlite file it creates) is null or a sqlite file in
+  the sweep's own folder, ``STORAGE_PREFIX<name>.db``.
 - ``guard_hydra_config()``: wraps Hydra's ``ConfigLoaderImpl.load_configuration`` (Hydra 1.3), which
   composes the config of a run, of a multirun and of each job of a sweep, so that
   ``check_hydra_node`` runs on what it returns. This is the earliest point that sees the composed
@@ -77,8 +84,8 @@ SCHEDULERS = frozenset({
     "torch.optim.lr_scheduler.MultiStepLR", "torch.optim.lr_scheduler.ExponentialLR",
 })
 TRAINING_CALLBACKS = frozenset({
-    "laplace_lab.training.callbacks.online_marglik", "laplace_lab.training.callbacks.augmentation_marglik",
-    "laplace_lab.training.callbacks.checkpoints", "laplace_lab.training.callbacks.epoch_eta",
+    "laplace_lab.training.online_marglik.OnlineMarglikCore",
+    "laplace_lab.training.invariance_marglik.AugmentationMarglikCore", "laplace_lab.training.callbacks.checkpoints", "laplace_lab.training.callbacks.epoch_eta",
 })
 HYDRA_CALLBACKS = frozenset({"laplace_lab.sweeps.callback.SweepSummary", "laplace_lab.sweeps.sweep_eta.SweepETA"})
 LAUNCHERS = frozenset({
@@ -138,6 +145,16 @@ LOG_DIR = "${hydra.runtime.output_dir}/"  # a FileHandler writes under the job's
 # hydra.job.env_set names that change what code a job (or a program it starts) loads or runs
 CODE_ENV = frozenset({"PATH", "BASH_ENV", "ENV", "PERL5LIB", "NODE_OPTIONS"})
 CODE_ENV_PREFIXES = ("LD_", "DYLD_", "PYTHON")
+# hydra.launcher.setup: each line one of these (names and values without spaces, quotes, $ ; & | ` < >)
+_WORD = r"[\w.\-+/:,@=]+"
+SETUP_FORMS = {
+    "module load|unload|swap <name>...": re.compile(rf"module (load|unload|swap)( {_WORD})+"),
+    "module purge": re.compile(r"module purge"),
+    "conda activate <name>": re.compile(r"conda activate [\w.\-]+"),
+    "source <folder>/bin/activate": re.compile(r"source ([\w.\-/]*/)?bin/activate"),
+    "export NAME=<value>": re.compile(rf"export ([A-Za-z_]\w*)=({_WORD})?"),
+}
+STORAGE_PREFIX = "sqlite:///${hydra.sweep.dir}/"  # an Optuna study's file, in the sweep's own folder
 _RESOLVER = re.compile(r"\$\{\s*([A-Za-z_][\w.\-]*)\s*:")
 _NAME = re.compile(r"^[\w.\-]+$")
 
@@ -225,10 +242,41 @@ def check_hydra_node(config: Any) -> None:
         if str(name).startswith(CODE_ENV_PREFIXES) or name in CODE_ENV:
             raise ValueError(f"hydra.job.env_set.{name} is not allowed: it changes what code a job loads or runs "
                              f"(refused: {sorted(CODE_ENV)} and names starting with {list(CODE_ENV_PREFIXES)})")
+    _check_setup(_get(root, "hydra.launcher.setup"))
+    _check_storage(_get(root, "hydra.sweeper.storage"))
     custom = _get(root, "hydra.sweeper.custom_search_space")
     if custom is not None:
         raise ValueError(f"hydra.sweeper.custom_search_space={custom!r} is not allowed; allowed: null (it names a "
                          "function that the sweeper imports and calls)")
+
+
+def _check_setup(setup: Any) -> None:
+    """``hydra.launcher.setup``: null or a list of lines of ``SETUP_FORMS`` (shell the batch script runs)."""
+    if setup is None:
+        return
+    forms = f"allowed: null or a list of lines of the forms {list(SETUP_FORMS)} (shell run before each job)"
+    if not isinstance(setup, (list, tuple)):
+        raise ValueError(f"hydra.launcher.setup={setup!r} is not allowed; {forms}")
+    for i, line in enumerate(setup):
+        text = " ".join(line.split()) if isinstance(line, str) else None
+        match = next((m for form in SETUP_FORMS.values() if text and (m := form.fullmatch(text))), None)
+        if match is None or ".." in text:
+            raise ValueError(f"hydra.launcher.setup[{i}]={line!r} is not allowed; {forms}; no '..', '$', quotes, "
+                             "';', '&', '|' or redirections")
+        if text.startswith("export") and (match[1].startswith(CODE_ENV_PREFIXES) or match[1] in CODE_ENV):
+            raise ValueError(f"hydra.launcher.setup[{i}]={line!r} is not allowed: {match[1]} changes what code a "
+                             f"job loads or runs (refused: {sorted(CODE_ENV)} and names starting with "
+                             f"{list(CODE_ENV_PREFIXES)})")
+
+
+def _check_storage(storage: Any) -> None:
+    """``hydra.sweeper.storage``: null or ``STORAGE_PREFIX<name>.db`` (literal)."""
+    name = storage.removeprefix(STORAGE_PREFIX) if isinstance(storage, str) else None
+    if storage is None or (name != storage and name.endswith(".db") and _NAME.match(name) and ".." not in name):
+        return
+    raise ValueError(f"hydra.sweeper.storage={storage!r} is not allowed; allowed: null (the study lives in memory) "
+                     f"or a sqlite file in the sweep's own folder, '{STORAGE_PREFIX}<name>.db' (no other "
+                     "database URL, no file elsewhere)")
 
 
 def _leaves(node: Any, prefix: str):

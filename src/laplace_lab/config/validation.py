@@ -2,8 +2,8 @@
 (``check_combinations``, on the typed ``RunConfig``; each option's own type and range are checked by
 ``config.schema`` first). Each check raises ``ValueError`` naming the options and the allowed values.
 
-``validate_config(cfg)`` reads a composed config (``DictConfig``) and runs every check: the one call
-the entry point makes before anything else.
+``config.load.load_run_config(cfg)`` reads a composed config (``DictConfig``) into the typed config and
+runs every check, these last: the one call the entry point makes before anything else.
 """
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from laplace_lab.config.interplay import check_interplay
 from laplace_lab.config.schema import RunConfig
 from laplace_lab.data.registry import data_modules, required_class
-from laplace_lab.evaluation.config import check_landscape_run
+from laplace_lab.evaluation.options import check_landscape_run
 from laplace_lab.laplace.predictive import check_nn_link
 from laplace_lab.laplace.spec import LaplaceSpec, hessian_structures, structure_class
 
@@ -38,13 +37,6 @@ def _require(condition: bool, message: str | Callable[[], str]) -> None:
     every data module, which imports them)."""
     if not condition:
         raise ValueError(message() if callable(message) else message)
-
-
-def validate_config(cfg: Any) -> RunConfig:
-    """``config.load.load_run_config``: every check of a composed config; returns the typed config."""
-    from laplace_lab.config.load import load_run_config
-
-    return load_run_config(cfg)
 
 
 def check_combinations(run: RunConfig) -> None:
@@ -222,10 +214,10 @@ def check_augmentation(run: RunConfig) -> None:
     c = run.curvature
     if run.marglik.online:  # the prior step fits the averaged model's curvature (fit_for_marglik)
         structures = dm.laplace_structures()
-        _require(c.subset_of_weights == "all" and c.hessian_structure in structures and c.type in dm.CURVATURES,
+        _require(c.subset_of_weights == "all" and c.hessian_structure in structures and c.type in dm.CURVATURE_TYPES,
                  f"augmentation.mode={mode!r} with marglik=online needs curvature.subset_of_weights=all, "
                  f"curvature.hessian_structure in {list(structures)} and curvature.type in "
-                 f"{list(dm.CURVATURES)}; got ({c.subset_of_weights}, {c.hessian_structure}, {c.type})")
+                 f"{list(dm.CURVATURE_TYPES)}; got ({c.subset_of_weights}, {c.hessian_structure}, {c.type})")
         _require(not run.marglik.fused,
                  f"augmentation.mode={mode!r} needs marglik.fused=false (the fused curvature is the engine's KFAC of "
                  "the augmented rows, not the averaged model's); got marglik.fused=true")

@@ -1,10 +1,10 @@
 """Names a reader understands, for figure titles and the console summary: the data set of a run
-(``dataset_label``), its Laplace predictive (``laplace_label``), both (``run_label``) and the
-predictors (``PREDICTORS``)."""
+(``dataset_label``), its Laplace predictive (``laplace_label``), both with the seed and a sweep
+job's swept values (``run_label``) and the predictors (``PREDICTORS``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # evaluation keys -> names on figures and in the summary
@@ -54,8 +54,16 @@ def laplace_label(cfg: Mapping[str, Any], likelihood: str = "classification") ->
     return f"{subset} {structure}-{kind}, {pred} predictive ({link})"
 
 
-def run_label(cfg: Mapping[str, Any], likelihood: str, with_laplace: bool) -> str:
-    """``toy2d moons; Laplace: last-layer KFAC-GGN, GLM predictive (MC)``, written on every figure,
-    from a run's resolved config (``with_laplace``: a post-hoc Laplace is fitted)."""
-    bayes = f"; Laplace: {laplace_label(cfg, likelihood)}" if with_laplace else ""
-    return f"{dataset_label(cfg.get('data') or {})}{bayes}"
+def run_label(cfg: Mapping[str, Any], likelihood: str, with_laplace: bool, swept: Sequence[str] = ()) -> str:
+    """``toy2d moons, seed 0; job: data.kind=moons; Laplace: last-layer KFAC-GGN, GLM predictive
+    (MC)``, written on every figure, from a run's resolved config (``with_laplace``: a post-hoc
+    Laplace is fitted; ``swept``: the ``key=value`` overrides of a multirun job, which name its
+    folder, the seed left out as it is named anyway; none: no "job" part)."""
+    seed = f", seed {cfg['seed']}" if cfg.get("seed") is not None else ""
+    values = [s for s in swept if s.split("=", 1)[0].lstrip("+~") != "seed"]
+    parts = [f"{dataset_label(cfg.get('data') or {})}{seed}"]
+    if values:
+        parts.append("job: " + ", ".join(values))
+    if with_laplace:
+        parts.append(f"Laplace: {laplace_label(cfg, likelihood)}")
+    return "; ".join(parts)

@@ -3,7 +3,11 @@
 ``Laplace(model, likelihood, subset_of_weights, hessian_structure, ...)`` returns one of
 ``FullLaplace``, ``KronLaplace``, ``DiagLaplace``, ``LowRankLaplace`` (all weights) and
 ``FullLLLaplace``, ``KronLLLaplace``, ``DiagLLLaplace`` (last layer) are ``Laplace`` with
-``subset_of_weights`` / ``hessian_structure`` fixed; every other keyword is ``Laplace``'s.
+``subset_of_weights`` / ``hessian_structure`` fixed; every other keyword is ``Engine``'s.
+``Engine`` is the engine's ``Laplace`` with laplace-torch's further constructor keywords, translated
+into the engine's arguments here (``backend`` as a curvature name or marker class,
+``backend_kwargs``, ``asdl_fisher_kwargs``, ``enable_backprop``, ``feature_reduction``,
+``dict_key_x``, ``dict_key_y``): the engine's own signature has none of them.
 The backend classes (``CurvlinopsGGN``, ``AsdlEF``, ...) are markers for ``Laplace(backend=...)``:
 each names the curvature (``ggn`` | ``ef``) the engine computes itself; they run no third-party code.
 laplace-torch's views of a flavour object: ``la.backend`` (``jacobians``, ``last_layer_jacobians``),
@@ -22,10 +26,80 @@ import contextlib
 import torch
 
 from laplace_lab.laplace import checks, predictive
+from laplace_lab.laplace.backends import backend_names
 from laplace_lab.laplace.compat_features import FeatureExtractor, last_module_run
 from laplace_lab.laplace.compat_matrix import Kron
 from laplace_lab.laplace.laplace import Laplace as _Laplace
+from laplace_lab.laplace.options import FeatureReduction, check_choice
+from laplace_lab.laplace.output_factors import CURVATURE_TYPES
+from laplace_lab.laplace.structures import STRUCTURES
 from laplace_lab.laplace.structures.kron import KronPrecision as KronDecomposed
+
+
+def resolve_backend(backend, curvature: str) -> tuple[str, str]:
+    """``(curvature, backend)`` for the engine from laplace-torch's ``backend`` and ``curvature``:
+    ``backend`` is a collection backend name (``backends.backend_names()``: "auto", "chain", "capture",
+    "lanczos"), or laplace-torch's meaning: a curvature name or a class / object with a ``curvature``
+    attribute such as ``CurvlinopsGGN`` (sets the curvature, backend "auto"); ``None`` is "auto"."""
+    curvature = check_choice("curvature", curvature, CURVATURE_TYPES)
+    if backend is None or (isinstance(backend, str) and backend in backend_names()):
+        return curvature, backend or "auto"
+    name = getattr(backend, "curvature", backend)
+    if not isinstance(name, str):
+        raise ValueError(f"backend must be one of {list(backend_names())}, a curvature name {CURVATURE_TYPES} or a "
+                         f"laplace_lab.laplace.compat backend class (e.g. CurvlinopsGGN); got {backend!r}")
+    name = check_choice("backend", name, backend_names() + CURVATURE_TYPES)
+    if curvature != "ggn" and curvature != name:
+        raise ValueError(f"backend={backend!r} (curvature {name!r}) contradicts curvature={curvature!r}")
+    return name, "auto"
+
+
+def compat_structure_options(backend, asdl_fisher_kwargs: dict | None, structure_options: dict | None,
+                             declared: tuple[str, ...]) -> dict:
+    """Structure options implied by laplace-torch's keywords, merged under ``structure_options``
+    (explicit values win): a marker's convention for the options the structure ``declared``
+    (``BackPackGGN`` with kron: ``kfac_approx="backpack"``) and ``asdl_fisher_kwargs={"kfac_approx": ...}``
+    (laplace-torch passes it to the curvlinops KFAC). Any other ``asdl_fisher_kwargs`` key raises
+    (third-party backend options)."""
+    implied = {k: v for k, v in (getattr(backend, "structure_options", None) or {}).items() if k in declared}
+    kw = dict(asdl_fisher_kwargs or {})
+    if set(kw) - {"kfac_approx"}:
+        raise ValueError(f"asdl_fisher_kwargs are options of laplace-torch's third-party backends; this engine "
+                         f"computes curvature itself and takes only 'kfac_approx' (got {sorted(kw)})")
+    return implied | kw | dict(structure_options or {})
+
+
+class Engine(_Laplace):
+    """The engine's ``Laplace`` (same positional arguments) with laplace-torch's further keywords:
+
+    - ``backend``: a collection backend name, or laplace-torch's curvature name / marker class
+      (``CurvlinopsGGN``, ...), which sets ``curvature`` and keeps "auto"; ``BackPackGGN`` /
+      ``BackPackEF`` also set kron's ``kfac_approx="backpack"`` (BackPack's conv factors);
+    - ``asdl_fisher_kwargs={"kfac_approx": ...}``: the structure option (explicit
+      ``structure_options`` and option keywords win); ``backend_kwargs``: refused unless empty;
+    - ``enable_backprop``, ``feature_reduction`` (``FeatureReduction``; checked), ``dict_key_x``:
+      kept as attributes, as laplace-torch shows them; ``dict_key_y``: where a dict batch holds its
+      targets (the engine's ``unpack_batch``).
+    """
+
+    def __init__(self, model, likelihood, subset_of_weights="last_layer", hessian_structure="kron", curvature="ggn",
+                 *args, backend=None, backend_kwargs: dict | None = None, asdl_fisher_kwargs: dict | None = None,
+                 enable_backprop: bool = False, feature_reduction: str | None = None, dict_key_x: str = "input_ids",
+                 dict_key_y: str = "labels", structure_options: dict | None = None, **kwargs):
+        curvature, engine_backend = resolve_backend(backend, curvature)
+        if backend_kwargs:
+            raise ValueError(f"backend_kwargs are options of laplace-torch's third-party backends; this engine "
+                             f"computes curvature itself and takes none (got {sorted(backend_kwargs)})")
+        if feature_reduction is not None:
+            feature_reduction = check_choice("feature_reduction", feature_reduction, FeatureReduction.values())
+        self.feature_reduction, self.enable_backprop = feature_reduction, bool(enable_backprop)
+        self.dict_key_x, self.dict_key_y = dict_key_x, dict_key_y
+        struct = STRUCTURES.get(str(getattr(hessian_structure, "value", hessian_structure)))
+        declared = struct.options if struct is not None else ()
+        explicit = {k: kwargs.pop(k) for k in declared if k in kwargs} | dict(structure_options or {})
+        options = compat_structure_options(backend, asdl_fisher_kwargs, explicit, declared)
+        super().__init__(model, likelihood, subset_of_weights, hessian_structure, curvature, *args,
+                         backend=engine_backend, structure_options=options or None, **kwargs)
 
 
 class BackendView:
@@ -49,7 +123,7 @@ class BackendView:
         return self.jacobians(x, enable_backprop)
 
 
-class _Flavour(_Laplace):
+class _Flavour(Engine):
     subset_of_weights_default = "all"
     hessian_structure_default = "full"
 
@@ -233,7 +307,6 @@ ParametricLaplace = BaseLaplace = LLLaplace = _Flavour
 _FLAVOURS = {(f.subset_of_weights_default, f.hessian_structure_default): f
              for f in (FullLaplace, KronLaplace, DiagLaplace, LowRankLaplace, FullLLLaplace, KronLLLaplace,
                        DiagLLLaplace)}
-Engine = _Laplace
 
 
 def Laplace(model, likelihood, subset_of_weights="last_layer", hessian_structure="kron", **kwargs) -> _Flavour:
@@ -270,7 +343,6 @@ __all__ = ["Laplace", "Engine", "BaseLaplace", "ParametricLaplace", "LLLaplace",
            "BackendView", "FeatureExtractor", "Kron", "KronDecomposed"]
 
 from laplace_lab.laplace.options import (  # noqa: E402  (laplace-torch exposes its enums here too)
-    FeatureReduction,
     HessianStructure,
     Likelihood,
     LinkApprox,

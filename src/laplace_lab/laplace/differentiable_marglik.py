@@ -53,7 +53,7 @@ from laplace_lab.laplace.likelihoods import get_likelihood
 from laplace_lab.laplace.modules import is_kfac_module, rows_in, rows_out
 
 STRUCTURES = ("kron", "kron_expand", "diag")  # this module's factor forms (its own, not the engine's classes)
-CURVATURES = ("ggn", "ef")  # the output factors this module back-propagates
+CURVATURE_TYPES = ("ggn", "ef")  # the output factors this module back-propagates
 LIKELIHOODS = ("classification", "regression")
 
 
@@ -84,7 +84,7 @@ class Factors:
 
 
 def _check(model, structure: str, curvature: str, likelihood: str) -> list[nn.Module]:
-    for opt, v, allowed in (("structure", structure, STRUCTURES), ("curvature", curvature, CURVATURES),
+    for opt, v, allowed in (("structure", structure, STRUCTURES), ("curvature", curvature, CURVATURE_TYPES),
                             ("likelihood", likelihood, LIKELIHOODS)):
         if v not in allowed:
             raise ValueError(f"differentiable marglik: {opt} must be one of {allowed}; got {v!r}")

@@ -51,11 +51,11 @@ from contextlib import contextmanager
 import torch
 
 from laplace_lab.laplace.capture import Call, Capture, Record, has_inplace_modules
-from laplace_lab.laplace.curvature import output_factors
 from laplace_lab.laplace.modules import is_kfac_module
+from laplace_lab.laplace.output_factors import output_factors
 from laplace_lab.laplace.precision import no_tf32
 
-FUSED_CURVATURES = ("ef", "mc_fisher")
+FUSED_CURVATURE_TYPES = ("ef", "mc_fisher")
 def fused_structures() -> tuple[str, ...]:
     """Registered structures with ``supports_fused`` (kron, diag)."""
     from laplace_lab.laplace.structures import STRUCTURES
@@ -166,8 +166,8 @@ class FusedCurvature:
     waiting layer inputs and gradients take this much memory. See the module docstring."""
 
     def __init__(self, la, chunk_size: int = 512, chunk_bytes: int = 2**26):
-        if la.curvature not in FUSED_CURVATURES:
-            raise ValueError(f"FusedCurvature: curvature must be one of {FUSED_CURVATURES}; got {la.curvature!r}")
+        if la.curvature not in FUSED_CURVATURE_TYPES:
+            raise ValueError(f"FusedCurvature: curvature must be one of {FUSED_CURVATURE_TYPES}; got {la.curvature!r}")
         if not la.structure.supports_fused:
             raise ValueError(f"FusedCurvature: hessian_structure must be one of {fused_structures()}; "
                              f"got {la.hessian_structure!r}")

@@ -21,16 +21,11 @@ from laplace_lab.laplace import backends, checks, distributed, predictive
 from laplace_lab.laplace.backends import backend_names
 from laplace_lab.laplace.capture import Streamed
 from laplace_lab.laplace.compat_matrix import Kron
-from laplace_lab.laplace.curvature import CURVATURES
 from laplace_lab.laplace.hyper import MarglikOptimizer
 from laplace_lab.laplace.likelihoods import LIKELIHOODS, get_likelihood
 from laplace_lab.laplace.matrix_free import lowrank as _lowrank  # noqa: F401  (registers "lowrank")
-from laplace_lab.laplace.options import (
-    PRIOR_STRUCTURE_ALIASES,
-    FeatureReduction,
-    TuningMethod,
-    check_choice,
-)
+from laplace_lab.laplace.options import PRIOR_STRUCTURE_ALIASES, TuningMethod, check_choice
+from laplace_lab.laplace.output_factors import CURVATURE_TYPES
 from laplace_lab.laplace.plan import DEFAULT_MEMORY_BUDGET, check_budget, check_fit
 from laplace_lab.laplace.precision import engine_numerics
 from laplace_lab.laplace.priors import (
@@ -72,37 +67,17 @@ def real_tensor(option: str, value, dtype) -> torch.Tensor:
     return t
 
 
-def compat_structure_options(backend, asdl_fisher_kwargs: dict | None, structure_options: dict | None,
-                             declared: tuple[str, ...]) -> dict:
-    """Structure options implied by laplace-torch's keywords, merged under ``structure_options``
-    (explicit values win): a ``compat`` marker's convention for the options the structure
-    ``declared`` (``BackPackGGN`` with kron: ``kfac_approx="backpack"``) and
-    ``asdl_fisher_kwargs={"kfac_approx": ...}`` (laplace-torch passes it to the curvlinops KFAC).
-    Any other ``asdl_fisher_kwargs`` key raises (third-party backend options)."""
-    implied = {k: v for k, v in (getattr(backend, "structure_options", None) or {}).items() if k in declared}
-    kw = dict(asdl_fisher_kwargs or {})
-    if set(kw) - {"kfac_approx"}:
-        raise ValueError(f"asdl_fisher_kwargs are options of laplace-torch's third-party backends; this engine "
-                         f"computes curvature itself and takes only 'kfac_approx' (got {sorted(kw)})")
-    return implied | kw | dict(structure_options or {})
-
-
-def resolve_backend(backend, curvature: str) -> tuple[str, str]:
-    """``(curvature, backend)`` from ``backend`` and ``curvature``: ``backend`` is a collection backend
-    name (``backends.backend_names()``: "auto", "chain", "capture", "lanczos"), or laplace-torch's
-    meaning: a curvature name or a class / object with a ``curvature`` attribute such as
-    ``compat.CurvlinopsGGN`` (sets the curvature, backend "auto"); ``None`` is "auto"."""
-    curvature = _check_choice("curvature", curvature, CURVATURES)
-    if backend is None or (isinstance(backend, str) and backend in backend_names()):
-        return curvature, backend or "auto"
-    name = getattr(backend, "curvature", backend)
-    if not isinstance(name, str):
-        raise ValueError(f"backend must be one of {list(backend_names())}, a curvature name {CURVATURES} or a "
-                         f"laplace_lab.laplace.compat backend class (e.g. CurvlinopsGGN); got {backend!r}")
-    name = _check_choice("backend", name, backend_names() + CURVATURES)
-    if curvature != "ggn" and curvature != name:
-        raise ValueError(f"backend={backend!r} (curvature {name!r}) contradicts curvature={curvature!r}")
-    return name, "auto"
+def check_backend(backend) -> str:
+    """The curvature-collection backend: one of ``backends.backend_names()`` ("auto", "chain",
+    "capture", "lanczos"); ``None`` is "auto". laplace-torch's values (a curvature name, a marker
+    class such as ``CurvlinopsGGN``) are translated by ``compat.Engine`` and the compat flavours."""
+    if backend is None:
+        return "auto"
+    if not (isinstance(backend, str) and backend in backend_names()):
+        raise ValueError(f"backend must be one of {backend_names()}; got {backend!r} (laplace-torch's backend "
+                         "values, a curvature name or a marker class such as CurvlinopsGGN, are taken by "
+                         "laplace_lab.laplace.compat)")
+    return backend
 
 
 class _BoundKwargs:
@@ -154,13 +129,9 @@ class Laplace:
         temperature: posterior temperature T.
         generator / seed: randomness for ``mc_fisher`` and ``sample``.
         backend: curvature collection (``backends``): "auto" (default; the graph-free chain for plain
-            sequential nets, else "capture"), "chain", "capture", "lanczos" (lowrank); laplace-torch's
-            values (a curvature name, or a marker class such as ``compat.CurvlinopsGGN``) set
-            ``curvature`` and keep "auto"; ``compat.BackPackGGN`` / ``BackPackEF`` also set kron's
-            ``kfac_approx="backpack"`` (BackPack's conv factors).
+            sequential nets, else "capture"), "chain", "capture", "lanczos" (lowrank).
         structure_options: the structure's declared ``options``, e.g. kron's ``kfac_approx``
-            ("expand" default | "reduce" | "backpack", ``options.KfacApprox``); laplace-torch's
-            ``asdl_fisher_kwargs={"kfac_approx": ...}`` means the same.
+            ("expand" default | "reduce" | "backpack", ``options.KfacApprox``).
         memory_budget: fraction in (0, 1] of the available memory (``plan.available_memory``: free
             CUDA memory, or ``MemAvailable``) that ``fit`` and the glm predictive may plan to use
             (default ``plan.DEFAULT_MEMORY_BUDGET`` = 0.9); ``fit`` raises ``plan.MemoryPlanError``
@@ -182,6 +153,8 @@ class Laplace:
     (full: [P, P]; diag: [P] variances; kron: use ``functional_variance`` / ``posterior_variance``).
     """
 
+    dict_key_y = "labels"  # where a dict batch holds its targets (``unpack_batch``; compat.Engine sets it)
+
     def __init__(
         self,
         model: nn.Module,
@@ -201,28 +174,15 @@ class Laplace:
         structure_options: dict | None = None,
         prior_groups: torch.Tensor | None = None,
         example_input: torch.Tensor | None = None,
-        backend=None,
-        backend_kwargs: dict | None = None,
-        asdl_fisher_kwargs: dict | None = None,
-        enable_backprop: bool = False,
-        feature_reduction: str | None = None,
-        dict_key_x: str = "input_ids",
-        dict_key_y: str = "labels",
+        backend: str | None = None,
         memory_budget: float | None = DEFAULT_MEMORY_BUDGET,
         process_group="auto",
         **options,
     ):
         likelihood = _check_choice("likelihood", likelihood, LIKELIHOODS)
-        curvature, self.backend_name = resolve_backend(backend, curvature)
-        if backend_kwargs:
-            raise ValueError(f"backend_kwargs are options of laplace-torch's third-party backends; this engine "
-                             f"computes curvature itself and takes none (got {sorted(backend_kwargs)})")
-        if feature_reduction is not None:
-            feature_reduction = _check_choice("feature_reduction", feature_reduction, FeatureReduction.values())
-        self.feature_reduction = feature_reduction
+        curvature = _check_choice("curvature", curvature, CURVATURE_TYPES)
+        self.backend_name = check_backend(backend)
         self.process_group = distributed.check_process_group(process_group)
-        self.enable_backprop = bool(enable_backprop)
-        self.dict_key_x, self.dict_key_y = dict_key_x, dict_key_y
         self.memory_budget = check_budget(memory_budget)
         self.memory_plan = None  # plan.MemoryPlan of the last fit's check
         subset_of_weights = _check_choice("subset_of_weights", subset_of_weights, SUBSETS)
@@ -230,9 +190,9 @@ class Laplace:
         declared = STRUCTURES[hessian_structure].options
         if set(options) - set(declared):
             raise TypeError(f"Laplace() got unexpected keyword arguments {sorted(set(options) - set(declared))}; "
-                            f"the options of hessian_structure={hessian_structure!r}: {list(declared)}")
-        structure_options = compat_structure_options(backend, asdl_fisher_kwargs, {**options, **(structure_options or {})},
-                                                     declared)
+                            f"the options of hessian_structure={hessian_structure!r}: {list(declared)} "
+                            "(laplace-torch's further keywords: laplace_lab.laplace.compat.Engine)")
+        structure_options = {**options, **(structure_options or {})}
         STRUCTURES[hessian_structure].check_options(structure_options)
         if not (isinstance(n_mc_samples, int) and n_mc_samples >= 1):
             raise ValueError(f"n_mc_samples must be a positive int; got {n_mc_samples!r}")

@@ -40,7 +40,7 @@ class HessianStructure(Option):
     LOWRANK = "lowrank"
 
 
-class Curvature(Option):
+class CurvatureType(Option):
     GGN = "ggn"
     EF = "ef"
     MC_FISHER = "mc_fisher"

@@ -11,7 +11,7 @@ batch backend keeps per batch (activations, the ``K`` output factors' gradients 
 modules, the cotangent in flight) is ``backend_batch_bytes`` here, shared by all structures. A
 structure without ``memory_plan`` gets no plan (``None``) and no memory check.
 
-Conventions: bytes; ``K`` = output factors (``curvature.n_output_factors``), ``N`` = fit batch,
+Conventions: bytes; ``K`` = output factors (``output_factors.n_output_factors``), ``N`` = fit batch,
 ``C`` = network outputs, ``P`` = parameters in the subset, ``b`` = bytes per element of the model's
 dtype. A plan is an estimate of live tensor memory (not of the allocator's caches, nor of the
 interpreter and libraries): ``benchmarks/plan_accuracy.py`` compares it with measured peaks.
@@ -34,8 +34,8 @@ import torch
 from torch import nn
 
 from laplace_lab.laplace import checks
-from laplace_lab.laplace.curvature import n_output_factors
 from laplace_lab.laplace.modules import eval_with_hooks, is_kfac_module
+from laplace_lab.laplace.output_factors import n_output_factors
 from laplace_lab.laplace.subset import SUBSETS, select
 
 DEFAULT_MEMORY_BUDGET = 0.9  # fraction of the available memory a fit may plan to use
@@ -269,7 +269,7 @@ def alternatives(model: nn.Module, probe: dict, batch: int, n_factors: int, curv
         except ValueError:  # e.g. no nn.Linear for last_layer
             continue
         for name, cls in STRUCTURES.items():
-            if curvature in cls.curvatures:
+            if curvature in cls.curvature_types:
                 rows.append(FitPlan(subset, name, shape.n_params, structure_plan(cls, shape, batch, n_factors)))
     return rows
 

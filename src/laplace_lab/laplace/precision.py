@@ -37,11 +37,6 @@ def set_tf32(allowed: bool) -> None:
     _state["allow_tf32"] = allowed
 
 
-def tf32_allowed() -> bool:
-    """Whether the engine runs with the caller's TF32 switches (``set_tf32``)."""
-    return _state["allow_tf32"]
-
-
 def _switches() -> tuple[str, object, object]:
     """``(api, matmul, cudnn conv)``: the legacy boolean switches, or the ``fp32_precision`` strings
     where the caller used that newer API (reading the legacy ones then raises ``RuntimeError``)."""

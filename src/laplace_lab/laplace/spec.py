@@ -2,7 +2,7 @@
 
 One source: choices come from ``options`` (``str`` enums) and the structure registry
 (``structures.STRUCTURES``), rules from each structure's declared ``prior_structures``,
-``curvatures``, ``options`` and ``check_options``. ``keys`` maps an option to the name the caller
+``curvature_types``, ``options`` and ``check_options``. ``keys`` maps an option to the name the caller
 shows in messages (e.g. ``"hessian_structure" -> "curvature.hessian_structure"``).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from laplace_lab.laplace.options import Curvature, PriorStructure, SubsetOfWeights
+from laplace_lab.laplace.options import CurvatureType, PriorStructure, SubsetOfWeights
 
 LAYERWISE_EXPANDED = {"normgroups": "layerwise"}  # priors the structures see in expanded form
 
@@ -59,14 +59,14 @@ class LaplaceSpec:
         """``ValueError`` naming the option and the allowed values for the first bad choice or combination."""
         self._choice("subset_of_weights", SubsetOfWeights.values())
         structure = self._choice("hessian_structure", hessian_structures())
-        curvature = self._choice("curvature", Curvature.values())
+        curvature = self._choice("curvature", CurvatureType.values())
         prior = self._choice("prior_structure", PriorStructure.values())
         cls = structure_class(structure)
         hs, pk, ck = self._key("hessian_structure"), self._key("prior_structure"), self._key("curvature")
         priors = allowed_priors(structure)
         if prior not in priors:
             raise ValueError(f"{pk}={prior!r} does not fit {hs}={structure!r}; allowed with {structure}: {list(priors)}")
-        if curvature not in cls.curvatures:
-            raise ValueError(f"{hs}={structure!r} needs {ck} in {list(cls.curvatures)}; got {curvature!r}")
+        if curvature not in cls.curvature_types:
+            raise ValueError(f"{hs}={structure!r} needs {ck} in {list(cls.curvature_types)}; got {curvature!r}")
         cls.check_options(self.options, key=lambda k: self.keys.get(k, k))
         return self

@@ -34,7 +34,7 @@ class MLP(LabModel, nn.Sequential):
 
     @dataclass(frozen=True)
     class Options:
-        widths: list = option([50], "list", items="int", low=1)  # hidden layer widths; [] a linear model
+        widths: list = option([50], "list", items="int", low=1, indexed=True)  # hidden layer widths; [] a linear model
         activation: str = option("relu", "str", choices=tuple(sorted(ACTIVATIONS)))
         # none | batchnorm: BatchNorm1d after every hidden Linear (which then has no bias, as in the
         # CIFAR ResNets; each such Linear is a scale-invariant group)

@@ -5,7 +5,8 @@ A peer CSV has one row per side, seed and setting: leading ``#`` lines say how i
 a header with the required columns ``side`` (``ours`` or ``theirs``), ``seed``, ``commit`` (the
 commit of the code that produced the row: ours, or the authors' repository) and ``command`` (how
 it was run), any setting columns (``method``, ``data``, ...) and one column per metric (the
-names of our metrics, e.g. ``test/la/ece``; an empty cell is a metric that side did not compute).
+names of our metrics, e.g. ``test/la/ece``; an empty cell is a metric that side did not compute),
+and last the line ``# rows: N`` (``peer_csv.seal``): a file cut off, even at a line boundary, is refused.
 
 Paired judgement: for the rows of one setting, d_s = ours_s - theirs_s for every seed s that both
 sides ran; ``paired`` gives (mean d, standard error of d, number of pairs). A metric *matches the
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from laplace_lab.reporting.peer_csv import ROWS_PREFIX, RowCountError, check_row_count
 from laplace_lab.reporting.summary_stats import mean_se
 
 SIDES = ("ours", "theirs")
@@ -52,7 +54,11 @@ def read_peer_csv(path: str | Path) -> PeerTable:
         lines = path.read_text().splitlines()
     except OSError as err:
         raise PeerCSVError(f"{path}: cannot be read ({err})") from err
-    comments = tuple(line[1:].strip() for line in lines if line.startswith("#"))
+    try:
+        check_row_count(path, lines)
+    except RowCountError as err:
+        raise PeerCSVError(str(err)) from None
+    comments = tuple(line[1:].strip() for line in lines if line.startswith("#") and not line.startswith(ROWS_PREFIX))
     body = [line for line in lines if not line.startswith("#")]
     header_line = next(i for i, line in enumerate(lines, start=1) if not line.startswith("#")) if body else 0
     if not body:

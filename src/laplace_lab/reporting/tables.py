@@ -636,7 +636,8 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     """Write ``<name>.md``, ``<name>.csv`` and ``<name>.jobs.csv`` from the finished runs; returns them.
 
     ``results_dir``: default the first sweep folder; ``commit_results`` writes into
-    ``COMMITTED_RESULTS`` (``results/``), the only way to write there. ``figures``: names of
+    ``COMMITTED_RESULTS`` (``results/``), the only way to write there, and needs ``preset``: it
+    writes that preset's own table (``check_commit_name``). ``figures``: names of
     ``figures/<fig>.png`` to copy, from each group's first seed, into ``<results_dir>/<name>_figures/``.
     ``model_selection``: a ``laplace_lab.reporting.model_selection`` spec (a ranking section). ``preset`` /
     ``reference``: the reference files whose verdicts make the "Reference numbers" section, and the
@@ -659,6 +660,8 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     dirs = [Path(d) for d in sweep_dirs]
     if commit_results and results_dir is not None:
         raise ValueError("give either results_dir (--results-dir) or commit_results (--commit-results), not both")
+    if commit_results:  # the preset's own table only, as the command line requires
+        check_commit_name(preset, preset_spec(preset) if preset else {}, name)
     out = COMMITTED_RESULTS if commit_results else Path(results_dir) if results_dir is not None else dirs[0]
     if not commit_results and out.resolve().is_relative_to(COMMITTED_RESULTS.resolve()):
         raise ValueError(f"{out} holds the committed tables: write there only with --commit-results "
@@ -825,8 +828,6 @@ def main(argv: list[str] | None = None) -> None:
         if name is None:
             p.error("--name is required unless --preset gives one")
         check_name(name, TABLE_NAME)
-        if args.commit_results:
-            check_commit_name(args.preset, spec, name)
         if not args.sweep_dirs and not args.preset:
             p.error("give the multirun folder(s), or --preset for its default folder")
         sweep_dirs = args.sweep_dirs or [default_sweep_dir(args.preset)]

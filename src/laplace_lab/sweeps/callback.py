@@ -53,6 +53,7 @@ from laplace_lab.sweeps.status import (
     LAUNCH_ENV,
     STATUS_FILE,
     SUMMARY_FILE,
+    immutable_skips,
     last_launch_id,
     new_launch,
     now_iso,
@@ -65,7 +66,8 @@ from laplace_lab.sweeps.status import (
 log = logging.getLogger(__name__)
 def summarize(sweep_dir: str | Path, launch_id: str | None) -> dict[str, Any]:
     """Classify the jobs of launch ``launch_id`` under ``sweep_dir`` by their markers: the jobs it
-    ran or skipped (``status.last_launch_id``)."""
+    ran or skipped (``status.last_launch_id``). A finished job skipped in a folder that could not be
+    written (``jobs.record_skip``) counts as skipped and is named in ``skipped_immutable`` too."""
     sweep_dir = Path(sweep_dir)
     jobs: dict[str, list] = {"finished": [], "skipped": [], "failed": [], "unfinished": []}
     for path in sorted(sweep_dir.rglob(STATUS_FILE)):
@@ -81,8 +83,13 @@ def summarize(sweep_dir: str | Path, launch_id: str | None) -> dict[str, Any]:
             jobs["failed"].append({"job": name, "error": status.get("error"), "status": str(path)})
         else:
             jobs["unfinished"].append(name)
+    # skipped finished jobs whose folders could not be stamped (read-only, chattr +i): noted in the sweep folder
+    listed = {j if isinstance(j, str) else j["job"] for v in jobs.values() for j in v}
+    immutable = immutable_skips(sweep_dir, launch_id)
+    jobs["skipped"] += [name for name in immutable if name not in listed]
     counts = {k: len(v) for k, v in jobs.items()}
-    return {"sweep_dir": str(sweep_dir), "launch_id": launch_id, "counts": counts, **jobs}
+    return {"sweep_dir": str(sweep_dir), "launch_id": launch_id, "counts": counts, **jobs,
+            "skipped_immutable": immutable}
 
 
 def _quote(value: str) -> str:
@@ -221,8 +228,9 @@ class SweepSummary(Callback):
             log.error("Multirun %s stopped by %s: the jobs it had not run yet were not started; run the same "
                       "command again to run them", sweep_dir, interrupted.signal_name)
         c = summary["counts"]
-        log.info("Multirun summary (%s): %d finished, %d skipped (already finished), %d failed, %d unfinished",
-                 sweep_dir, c["finished"], c["skipped"], c["failed"], c["unfinished"])
+        log.info("Multirun summary (%s): %d finished, %d skipped (already finished; %d of them in folders that "
+                 "cannot be written), %d failed, %d unfinished", sweep_dir, c["finished"], c["skipped"],
+                 len(summary["skipped_immutable"]), c["failed"], c["unfinished"])
         for failure in summary["failed"]:
             log.error("  FAILED %s: %s (traceback: %s)", failure["job"], failure["error"], failure["status"])
         for name in summary["unfinished"]:

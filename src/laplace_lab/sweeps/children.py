@@ -65,6 +65,25 @@ def alive(pid: int) -> bool:
     return stat is not None and stat[0] != "Z"
 
 
+def command_line(pid: int) -> list[str]:
+    """The arguments ``pid`` was started with (``/proc/<pid>/cmdline``); [] when it is gone."""
+    try:
+        return [a for a in (PROC / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0") if a]
+    except OSError:
+        return []
+
+
+def signal_and_wait(pids: list[int], signum: int, wait_s: float, poll_s: float = 0.2) -> list[int]:
+    """Send ``signum`` to ``pids`` and wait up to ``wait_s`` s for them to end; returns those still running."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+    deadline = time.monotonic() + wait_s
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    return [p for p in pids if alive(p)]
+
+
 def stop_descendants(signum: int, wait_s: float = STOP_WAIT_S, poll_s: float = 0.2) -> list[int]:
     """Send ``signum`` to every process below this one, deepest first (a worker marks its job before
     the process that started it, e.g. Ray's raylet, goes away): the deepest get up to ``wait_s`` s to
@@ -77,12 +96,7 @@ def stop_descendants(signum: int, wait_s: float = STOP_WAIT_S, poll_s: float = 0
     log.warning("Forwarding %s to the %d process(es) this launch started (%s) and waiting up to %g s for them to "
                 "end before the sweep folder is released", name, len(pids), ", ".join(map(str, pids)), wait_s)
     for depth, level in enumerate(reversed(levels)):
-        for pid in level:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signum)
-        deadline = time.monotonic() + (wait_s if depth == 0 else min(PARENT_WAIT_S, wait_s))
-        while any(alive(p) for p in level) and time.monotonic() < deadline:
-            time.sleep(poll_s)
+        signal_and_wait(level, signum, wait_s if depth == 0 else min(PARENT_WAIT_S, wait_s), poll_s)
     running = [p for p in pids if alive(p)]
     deadline = time.monotonic()
     for pid in running:

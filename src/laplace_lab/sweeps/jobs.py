@@ -54,6 +54,7 @@ from laplace_lab.sweeps.status import (
     now_iso,
     read_metrics,
     read_status,
+    record_immutable_skip,
     set_aside_unreadable,
     unchanged_config,
     write_status,
@@ -122,15 +123,25 @@ def _mark_interrupted(output_dir: Path, err: JobInterrupted, start: float | None
     log.error("Run in %s interrupted by %s: marked failed in %s", output_dir, err.signal_name, output_dir / STATUS_FILE)
 
 
-def record_skip(output_dir: Path, launch_id: str | None) -> None:
+def record_skip(output_dir: Path, launch_id: str | None, sweep_dir: Path | None = None) -> None:
     """Stamp a skipped finished job's ``status.json`` with this launch; a folder that cannot be written
     (read-only or immutable: a protected finished result) is logged and the job stays skipped, its
-    metrics still read, instead of aborting the relaunch (the summary then counts it under its older launch)."""
+    metrics still read, instead of aborting the relaunch. The skip is then noted in the sweep folder
+    (``sweep_dir``: ``status.record_immutable_skip``), so the summary counts it as ``skipped_immutable``."""
     try:
         write_status(output_dir, last_launch_id=launch_id, last_action="skipped", skipped_at=now_iso())
     except OSError as err:
         log.warning("Skipped finished job in %s, but could not record the skip in its %s (%s: %s); its "
                     "results are used as they are", output_dir, STATUS_FILE, type(err).__name__, err)
+        if sweep_dir is None:
+            return
+        job, sweep = Path(output_dir).resolve(), Path(sweep_dir).resolve()
+        name = str(job.relative_to(sweep)) if job.is_relative_to(sweep) else job.name
+        try:
+            record_immutable_skip(sweep_dir, launch_id, name, f"{type(err).__name__}: {err}")
+        except OSError as again:
+            log.warning("Could not note the skip of %s in %s either (%s: %s): the summary will not count it",
+                        name, sweep_dir, type(again).__name__, again)
 
 
 def job_checkpoint_dir(dirpath: str, output_dir: Path, output_root: str | None) -> str:
@@ -169,7 +180,7 @@ def _run_tracked(run_fn: RunFn, cfg: Any, output_dir: Path) -> float:
         (output_dir / "metrics.json").unlink()
     elif finished:
         log.info("Skipping job #%s %s: already finished in %s", hc.job.num, name, output_dir)
-        record_skip(output_dir, launch_id)
+        record_skip(output_dir, launch_id, Path(hc.sweep.dir))
         return objective(read_metrics(output_dir), key)
     set_aside_unreadable(output_dir)  # a cut-off status.json / metrics.json: named, kept aside, run again
     set_aside_earlier_runs(output_dir)

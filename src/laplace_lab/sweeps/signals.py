@@ -22,24 +22,30 @@ finished, and a multirun's killed job stayed ``running`` with no summary. Here:
   in such a process, and ``in_worker()`` tells ``sweeps.jobs`` to end it with the exit status
   above once the job is marked ``interrupted`` (no silent retry: a relaunch runs it again).
   The launcher forwards the signal to its workers and waits for them (``sweeps.children``).
+- ``deferred()``: while the main thread waits inside foreign C code that must not see an exception
+  from a Python signal handler (Ray's ``ray.get`` hangs when one is raised in it), a signal is only
+  recorded; ``raise_pending()`` raises it as ``JobInterrupted`` from plain Python code
+  (``sweeps.ray_launch`` polls it between short waits). It also re-installs the handlers that
+  foreign code replaced (Ray's driver puts its own ``sys.exit`` / abort handlers in place).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 log = logging.getLogger(__name__)
 HANDLED = (signal.SIGTERM, signal.SIGINT)
 RAY_WORKER = "default_worker.py"  # the script of Ray's worker processes
 _finalizers: list[Callable[[JobInterrupted], None]] = []
-_state: dict[str, Any] = {"interrupted": None, "entry": False}
+_state: dict[str, Any] = {"interrupted": None, "entry": False, "pending": None}
 
 
 class JobInterrupted(BaseException):
@@ -71,6 +77,47 @@ def install() -> bool:
     for signum in HANDLED:
         signal.signal(signum, _handler)
     return True
+
+
+def _record(signum: int, frame: Any) -> None:
+    """The handler inside ``deferred()``: remember the first signal, raise nothing."""
+    if _state["pending"] is None:
+        _state["pending"] = signum
+        log.error("Received %s: stopping at the next check", signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Inside, SIGTERM / SIGINT are recorded instead of raised (``raise_pending`` raises them);
+    ``reinstall()`` inside puts the recording handler back after foreign code replaced it. On exit the
+    handlers of before are restored (main thread only; elsewhere this does nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {signum: signal.getsignal(signum) for signum in HANDLED}
+    _state["pending"] = None
+    reinstall()
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def reinstall() -> None:
+    """(Inside ``deferred()``, main thread) the recording handler for SIGTERM and SIGINT, again."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in HANDLED:
+            signal.signal(signum, _record)
+
+
+def raise_pending() -> None:
+    """Raise ``JobInterrupted`` for a signal recorded inside ``deferred()`` (once), else nothing."""
+    signum, _state["pending"] = _state["pending"], None
+    if signum is not None:
+        err = JobInterrupted(signum)
+        _state["interrupted"] = err
+        raise err
 
 
 def in_worker() -> bool:

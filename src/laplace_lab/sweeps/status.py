@@ -46,6 +46,7 @@ STATUS_FILE = "status.json"
 METRICS_FILE = "metrics.json"
 LAUNCH_LOG = "launches.jsonl"
 SUMMARY_FILE = "summary.json"
+IMMUTABLE_SKIPS = "skipped_immutable.jsonl"  # finished jobs skipped in folders that cannot be written
 STATES = ("running", "finished", "failed")
 REPO_ROOT = Path(__file__).resolve().parents[3]
 ENTRY = "python -m laplace_lab.train"
@@ -173,42 +174,65 @@ def new_launch() -> dict[str, Any]:
             "cwd": os.getcwd(), "host": socket.gethostname()}
 
 
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """Append ``record`` as one line to ``path`` (one write: parallel writers do not mix their lines;
+    after a cut-off last line, on a line of its own)."""
+    with open(path, "ab+") as f:
+        cut_off = False
+        if f.seek(0, os.SEEK_END) > 0:
+            f.seek(-1, os.SEEK_END)
+            cut_off = f.read(1) != b"\n"
+        f.write((("\n" if cut_off else "") + json.dumps(record) + "\n").encode())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of ``path``, one a line (none when it does not exist); a line that is not one
+    (e.g. cut off by a killed writer) is left out with a warning naming the file and the line."""
+    if not path.is_file():
+        return []
+    records = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as err:
+            record, why = None, f"not valid JSON ({err})"
+        else:
+            why = None if isinstance(record, dict) else "not a JSON object"
+        if why:
+            log.warning("%s: line %d left out: %s", path, number, why)
+            continue
+        records.append(record)
+    return records
+
+
 def record_launch(sweep_dir: str | Path, launch: dict[str, Any] | None = None) -> dict[str, Any]:
     """Append ``launch`` (default: a ``new_launch()``) to ``<sweep dir>/launches.jsonl``; returns it."""
     sweep_dir = Path(sweep_dir)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     launch = launch or new_launch()
-    path = sweep_dir / LAUNCH_LOG
-    with open(path, "ab+") as f:  # one write of one line; after a cut-off last line, on a line of its own
-        cut_off = False
-        if f.seek(0, os.SEEK_END) > 0:
-            f.seek(-1, os.SEEK_END)
-            cut_off = f.read(1) != b"\n"
-        f.write((("\n" if cut_off else "") + json.dumps(launch) + "\n").encode())
+    append_jsonl(sweep_dir / LAUNCH_LOG, launch)
     return launch
 
 
 def read_launches(sweep_dir: str | Path) -> list[dict[str, Any]]:
-    """The launch records of ``<sweep dir>/launches.jsonl``; a line that is not a JSON object (e.g.
-    cut off by a killed launch) is left out with a warning naming the file and the line."""
-    path = Path(sweep_dir) / LAUNCH_LOG
-    if not path.is_file():
-        return []
-    launches = []
-    for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            launch = json.loads(line)
-        except ValueError as err:
-            launch, why = None, f"not valid JSON ({err})"
-        else:
-            why = None if isinstance(launch, dict) else "not a JSON object"
-        if why:
-            log.warning("%s: line %d left out: %s", path, number, why)
-            continue
-        launches.append(launch)
-    return launches
+    """The launch records of ``<sweep dir>/launches.jsonl`` (``read_jsonl``)."""
+    return read_jsonl(Path(sweep_dir) / LAUNCH_LOG)
+
+
+def record_immutable_skip(sweep_dir: str | Path, launch_id: str | None, job: str, error: str) -> None:
+    """Note in ``<sweep dir>/skipped_immutable.jsonl`` that launch ``launch_id`` skipped the finished
+    job ``job`` (its folder relative to the sweep folder) without stamping its ``status.json``
+    (a folder that cannot be written: ``error``), so the summary still counts it."""
+    append_jsonl(Path(sweep_dir) / IMMUTABLE_SKIPS, {"launch_id": launch_id, "job": job, "error": error,
+                                                      "at": now_iso()})
+
+
+def immutable_skips(sweep_dir: str | Path, launch_id: str | None) -> list[str]:
+    """The jobs that launch ``launch_id`` skipped without stamping them (``record_immutable_skip``), sorted."""
+    records = read_jsonl(Path(sweep_dir) / IMMUTABLE_SKIPS)
+    return sorted({str(r.get("job")) for r in records if r.get("launch_id") == launch_id and r.get("job")})
 
 
 def job_launch_id(hydra_cfg: Any) -> str | None:

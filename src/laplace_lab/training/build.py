@@ -61,7 +61,7 @@ def build(run: RunConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPCo
     if dtype != torch.float32:  # data.dtype=float64: the network computes in the data's precision
         model = model.to(dtype)
     if run.augmentation.wraps_model:  # augmentation/: logits averaged over transforms (imports Lightning)
-        from laplace_lab.training.augmentation import wrap_model
+        from laplace_lab.training.invariance_marglik import wrap_model
 
         model = wrap_model(run.augmentation, model)
     scheduler = instantiate(run.lr_scheduler) if run.lr_scheduler else None

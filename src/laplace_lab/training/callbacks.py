@@ -1,7 +1,15 @@
-"""The training callbacks, built from the run's typed config: the factories that ``conf/callbacks/``
-names by ``_target_``. Each takes ``(run, output_dir, loop)`` and returns a list of callbacks (empty
-where the run does not use it): Lightning callbacks for ``loop="lightning"``, the plain loop's hook
-objects for ``loop="plain"``. Lightning is imported only where a Lightning callback is built.
+"""The training callbacks of a run, built in order from the ``callbacks`` config (``conf/callbacks/``)
+by ``training.fit.build_callbacks``, whose entries name by ``_target_`` either
+
+- a callback class with typed options (``options_type``, a dataclass; ``OnlineMarglikCore``,
+  ``AugmentationMarglikCore``): ``options_type.from_run(run)`` reads its options from the run's typed
+  config (``None``: the run does not use it) and the class is built with them, ``cls(options)``;
+  under ``loop="lightning"`` its Lightning twin (``build.training_class``), or
+- a function ``(run, output_dir, loop) -> list`` for what depends on the run folder (``checkpoints``,
+  ``epoch_eta`` below), returning an empty list where the run does not use it.
+
+The result holds Lightning callbacks for ``loop="lightning"`` and the plain loop's hook objects for
+``loop="plain"``. Lightning is imported only where a Lightning callback is built.
 """
 
 from __future__ import annotations
@@ -11,37 +19,7 @@ from pathlib import Path
 from laplace_lab.config.schema import RunConfig
 from laplace_lab.sweeps.ranks import is_first_process
 from laplace_lab.training.epoch_eta import EpochETA
-from laplace_lab.training.online_marglik import OnlineMarglikCore
 from laplace_lab.training.resume import checkpoint_dir
-
-
-def online_marglik(run: RunConfig, output_dir: Path, loop: str) -> list:
-    """``marglik=online``: Algorithm 1 of Immer et al. 2021 (``training.online_marglik``)."""
-    m = run.marglik
-    if not m.online:
-        return []
-    cls = OnlineMarglikCore
-    if loop == "lightning":
-        from laplace_lab.training.lightning_classes import lightning_twin
-
-        cls = lightning_twin(cls)
-    return [cls(run.curvature.laplace_kwargs(), prior_structure=run.prior.structure, frequency=m.frequency,
-                n_steps=m.n_steps, burnin=m.burnin, lr_hyp=m.lr_hyp, lr_hyp_min=m.lr_hyp_min,
-                optimize_sigma=m.optimize_sigma, early_stopping=m.early_stopping, log_min=m.log_min,
-                log_max=m.log_max, fit_batch_size=run.curvature.fit_batch_size, fused=m.fused)]
-
-
-def augmentation_marglik(run: RunConfig, output_dir: Path, loop: str) -> list:
-    """``augmentation=fixed|learned`` (and ``none`` with ``report=true`` under online marglik): logs the
-    ranges every epoch and, for ``learned``, takes their marglik step after the prior's."""
-    aug, m = run.augmentation, run.marglik
-    if not (aug.wraps_model or (aug.report and m.online)):
-        return []
-    from laplace_lab.training.augmentation import AugmentationMarglik
-
-    c = run.curvature
-    return [AugmentationMarglik(aug.mode == "learned", c.hessian_structure, c.type, m.frequency, m.burnin, aug.lr,
-                                aug.lr_min, c.fit_batch_size, c.subset_of_weights == "all")]
 
 
 def checkpoints(run: RunConfig, output_dir: Path, loop: str) -> list:

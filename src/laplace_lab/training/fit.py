@@ -3,7 +3,7 @@
 ``train_map(run, output_dir, loggers, loop)`` is the unit every caller repeats: the entry point once,
 ``training.map_grid`` per grid point, ``training.ensemble`` per member. The loop is Lightning's
 Trainer or the plain loop (``training.loop_choice``); the callbacks are the ``callbacks`` config's
-factories (``training.callbacks``).
+entries (``build_callbacks``, ``training.callbacks``).
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ import logging
 import time
 from pathlib import Path
 
-from laplace_lab.config.instantiate import call_target
+from hydra.utils import get_object
+
 from laplace_lab.config.schema import RunConfig
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.io.eta import attached_to_terminal
 from laplace_lab.training import loop_choice, map_cache
-from laplace_lab.training.build import build
+from laplace_lab.training.build import build, training_class
 from laplace_lab.training.laplace_plan import check_run_laplace
 from laplace_lab.training.module import MAPCore
 from laplace_lab.training.plain_loop import PlainTrainer, resolve_device, seed_everything
@@ -27,9 +28,19 @@ log = logging.getLogger(__name__)
 
 
 def build_callbacks(run: RunConfig, output_dir: Path, loop: str = "lightning") -> list:
-    """The ``callbacks`` config's factories, in order (``training.callbacks``): Lightning callbacks for
-    ``loop="lightning"``, the plain loop's hook objects otherwise."""
-    return [cb for node in run.callbacks.values() for cb in call_target(node, run, output_dir, loop)]
+    """The ``callbacks`` config's entries, in order (``training.callbacks``): a class is built with its
+    typed options (``options_type.from_run(run)``; left out where that is ``None``), as its Lightning
+    twin for ``loop="lightning"``; a function returns its callbacks (``(run, output_dir, loop)``)."""
+    callbacks = []
+    for node in run.callbacks.values():
+        target = get_object(node["_target_"])
+        if not isinstance(target, type):
+            callbacks += target(run, output_dir, loop)
+            continue
+        options = target.options_type.from_run(run)
+        if options is not None:
+            callbacks.append(training_class(node["_target_"], loop)(options))
+    return callbacks
 
 
 def make_trainer(run: RunConfig, output_dir: Path, loggers, callbacks, loop: str):

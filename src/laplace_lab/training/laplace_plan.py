@@ -16,7 +16,7 @@ import torch
 from laplace_lab.config.schema import RunConfig
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.laplace import Laplace, plan
-from laplace_lab.laplace.curvature import n_output_factors
+from laplace_lab.laplace.output_factors import n_output_factors
 from laplace_lab.laplace.structures import STRUCTURES
 from laplace_lab.training.plain_loop import resolve_device
 

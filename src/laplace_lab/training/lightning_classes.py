@@ -1,10 +1,11 @@
-"""The Lightning classes of laplace-lab: ``MAPCore``, ``OnlineMarglikCore`` and ``EpochETA`` as a
-``LightningModule`` and ``Callback``s, for Lightning's Trainer (``trainer.loop=lightning``).
+"""The Lightning classes of laplace-lab: ``MAPCore``, ``OnlineMarglikCore``, ``AugmentationMarglikCore``
+and ``EpochETA`` as a ``LightningModule`` and ``Callback``s, for Lightning's Trainer (``trainer.loop=lightning``).
 
 Importing this module imports Lightning (seconds, with torchmetrics and what it pulls in); the
 plain loop (``training.plain_loop``) runs the core classes without it. ``MAPModule`` and
 ``OnlineMarglik`` are also reachable as ``training.module.MAPModule`` and
-``training.online_marglik.OnlineMarglik`` (loaded on first use). Data modules need no class
+``training.online_marglik.OnlineMarglik``, ``AugmentationMarglik`` as
+``training.invariance_marglik.AugmentationMarglik`` (loaded on first use). Data modules need no class
 here: ``data.base.LabDataModule`` becomes a ``LightningDataModule`` once Lightning is imported.
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import pytorch_lightning as pl
 
 from laplace_lab.training.epoch_eta import EpochETA
+from laplace_lab.training.invariance_marglik import AugmentationMarglikCore
 from laplace_lab.training.module import MAPCore
 from laplace_lab.training.online_marglik import OnlineMarglikCore
 
@@ -37,11 +39,16 @@ class OnlineMarglik(OnlineMarglikCore, pl.Callback):
     """``OnlineMarglikCore`` as a Lightning callback (checkpoint state under the key ``OnlineMarglik``)."""
 
 
+class AugmentationMarglik(AugmentationMarglikCore, pl.Callback):
+    """``AugmentationMarglikCore`` as a Lightning callback (checkpoint state under the key ``AugmentationMarglik``)."""
+
+
 class EpochETACallback(EpochETA, pl.Callback):
     """``EpochETA`` (remaining training time after every epoch) as a Lightning callback."""
 
 
-TWINS = {MAPCore: MAPModule, OnlineMarglikCore: OnlineMarglik, EpochETA: EpochETACallback}
+TWINS = {MAPCore: MAPModule, OnlineMarglikCore: OnlineMarglik, AugmentationMarglikCore: AugmentationMarglik,
+         EpochETA: EpochETACallback}
 
 
 def lightning_twin(cls: type) -> type:

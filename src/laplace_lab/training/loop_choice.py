@@ -9,8 +9,9 @@
 A run qualifies when ``lightning_needs(run)`` is empty: in-memory tensor data read in the main
 process (a data module that declares ``in_memory``: UCI, sinusoid, toy2d); one CPU or CUDA device; the trainer options at values the plain
 loop runs as Lightning does (``PLAIN_TRAINER``: no gradient clipping, all batches, validation
-at epoch ends, no model summary, ...); no wandb logger, no checkpoints (saving or resuming), no
-augmentation callback, no fused online marglik.
+at epoch ends, no model summary, ...); no checkpoints (saving or resuming), no augmentation
+callback, no fused online marglik. A W&B run is no reason for Lightning: the plain loop logs to
+its own (``io.wandb_run.PlainWandbLogger``).
 """
 
 from __future__ import annotations
@@ -74,8 +75,6 @@ def lightning_needs(run: RunConfig) -> list[str]:
         needs.append(f"data._target_={run.data.get('_target_')!r} (plain loop: in-memory data, one of {in_memory})")
     if run.data.get("num_workers", 0):
         needs.append(f"data.num_workers={run.data['num_workers']} (plain loop: 0)")
-    if run.logger.wandb.enabled:
-        needs.append("logger.wandb.enabled=true (a Lightning logger)")
     if run.checkpoint.enabled or run.checkpoint.resume_from:
         needs.append("checkpoint.enabled / checkpoint.resume_from (Lightning checkpoints)")
     if run.augmentation.wraps_model or run.augmentation.report:

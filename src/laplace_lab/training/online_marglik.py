@@ -40,6 +40,7 @@ import copy
 import logging
 import math
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -47,6 +48,7 @@ from torch import nn
 
 from laplace_lab import lazy_attributes
 from laplace_lab.config.schema import MarglikConfig as M  # the options' defaults, declared once
+from laplace_lab.config.schema import RunConfig
 from laplace_lab.laplace import Laplace
 from laplace_lab.laplace.distributed import ShardBatches
 from laplace_lab.laplace.hyper import MarglikOptimizer
@@ -95,14 +97,18 @@ def fit_for_marglik(la: Laplace, module: MAPModule, loader):
     return differentiable_marglik.fit_laplace(la, module.model, loader, module.likelihood)
 
 
-class OnlineMarglikCore:
-    """Algorithm 1 as Lightning callback hooks (``trainer``: Lightning's Trainer or the plain loop's
-    state, ``training.plain_loop``); ``OnlineMarglik`` is this class as a Lightning ``Callback``
-    (``training.lightning_classes``). See the module docstring for conventions.
+# the options ``OnlineMarglikOptions.from_run`` takes from the ``marglik`` group as they are
+FROM_MARGLIK = ("frequency", "n_steps", "burnin", "lr_hyp", "lr_hyp_min", "optimize_sigma", "early_stopping",
+                "log_min", "log_max", "fused")
+
+
+@dataclass(frozen=True)
+class OnlineMarglikOptions:
+    """The options of ``OnlineMarglikCore``, checked when built (``ValueError`` naming the option).
 
     Args:
         laplace_kwargs: ``subset_of_weights``, ``hessian_structure``, ``curvature``,
-            ``n_mc_samples`` passed to ``Laplace``.
+            ``n_mc_samples`` passed to ``Laplace`` (``CurvatureConfig.laplace_kwargs``).
         prior_structure: ``scalar`` | ``layerwise`` | ``diagonal`` | ``normgroups``.
         frequency, n_steps, burnin: F, K, B of Algorithm 1.
         lr_hyp, lr_hyp_min: Adam rate and the cosine schedule's final rate (``None``: constant).
@@ -113,25 +119,57 @@ class OnlineMarglikCore:
         fused: accumulate the curvature during the training steps (no extra data pass).
     """
 
-    def __init__(self, laplace_kwargs: dict, prior_structure: str = "layerwise", frequency: int = M.frequency,
-                 n_steps: int = M.n_steps, burnin: int = M.burnin, lr_hyp: float = M.lr_hyp,
-                 lr_hyp_min: float | None = M.lr_hyp_min, optimize_sigma: bool = M.optimize_sigma,
-                 early_stopping: bool = M.early_stopping, log_min: float = M.log_min, log_max: float = M.log_max,
-                 fit_batch_size: int | None = None, fused: bool = M.fused):
-        super().__init__()
-        if prior_structure not in PRIOR_STRUCTURES:
-            raise ValueError(f"prior.structure={prior_structure!r}; allowed: {list(PRIOR_STRUCTURES)}")
-        if frequency < 1 or n_steps < 1 or burnin < 0:
+    laplace_kwargs: dict
+    prior_structure: str = "layerwise"
+    frequency: int = M.frequency
+    n_steps: int = M.n_steps
+    burnin: int = M.burnin
+    lr_hyp: float = M.lr_hyp
+    lr_hyp_min: float | None = M.lr_hyp_min
+    optimize_sigma: bool = M.optimize_sigma
+    early_stopping: bool = M.early_stopping
+    log_min: float = M.log_min
+    log_max: float = M.log_max
+    fit_batch_size: int | None = None
+    fused: bool = M.fused
+
+    def __post_init__(self):
+        if self.prior_structure not in PRIOR_STRUCTURES:
+            raise ValueError(f"prior.structure={self.prior_structure!r}; allowed: {list(PRIOR_STRUCTURES)}")
+        if self.frequency < 1 or self.n_steps < 1 or self.burnin < 0:
             raise ValueError("marglik.frequency >= 1, marglik.n_steps >= 1 and marglik.burnin >= 0 are required")
-        self.laplace_kwargs = dict(laplace_kwargs)
-        self.prior_structure = prior_structure
-        self.frequency, self.n_steps, self.burnin = frequency, n_steps, burnin
-        self.lr_hyp, self.lr_hyp_min = lr_hyp, lr_hyp_min
-        self.optimize_sigma = optimize_sigma
-        self.early_stopping = early_stopping
-        self.log_min, self.log_max = log_min, log_max
-        self.fit_batch_size = fit_batch_size
-        self.fused = fused
+
+    @classmethod
+    def from_run(cls, run: RunConfig) -> OnlineMarglikOptions | None:
+        """From the run's ``marglik``, ``curvature`` and ``prior`` groups; ``None`` unless ``marglik=online``."""
+        m = run.marglik
+        if not m.online:
+            return None
+        return cls(run.curvature.laplace_kwargs(), prior_structure=run.prior.structure,
+                   fit_batch_size=run.curvature.fit_batch_size, **{k: getattr(m, k) for k in FROM_MARGLIK})
+
+
+class OnlineMarglikCore:
+    """Algorithm 1 as Lightning callback hooks (``trainer``: Lightning's Trainer or the plain loop's
+    state, ``training.plain_loop``); ``OnlineMarglik`` is this class as a Lightning ``Callback``
+    (``training.lightning_classes``). See the module docstring for conventions; ``options`` are
+    ``OnlineMarglikOptions`` (the ``callbacks`` config builds them from the run: ``training.callbacks``).
+    """
+
+    options_type = OnlineMarglikOptions
+
+    def __init__(self, options: OnlineMarglikOptions):
+        super().__init__()
+        o = self.options = options
+        self.laplace_kwargs = dict(o.laplace_kwargs)
+        self.prior_structure = o.prior_structure
+        self.frequency, self.n_steps, self.burnin = o.frequency, o.n_steps, o.burnin
+        self.lr_hyp, self.lr_hyp_min = o.lr_hyp, o.lr_hyp_min
+        self.optimize_sigma = o.optimize_sigma
+        self.early_stopping = o.early_stopping
+        self.log_min, self.log_max = o.log_min, o.log_max
+        self.fit_batch_size = o.fit_batch_size
+        self.fused = o.fused
         self._fused = None  # the FusedCurvature of the current accumulation epoch
         self._fused_time = 0.0
         self._world = 1  # training processes (Lightning DDP's world size), set by on_fit_start

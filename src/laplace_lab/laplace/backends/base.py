@@ -3,7 +3,7 @@ its structure accumulates.
 
 Every backend hands the structure the same normalised form: one ``capture.Record`` per subset entry
 (module), each call with its inputs ``args`` and ``grad`` ``[K, *output.shape]``, the ``K`` output
-factors ``V`` (``curvature.output_factors``: ``H = sum_k J^T v_k v_k^T J``) back-propagated to the
+factors ``V`` (``output_factors.output_factors``: ``H = sum_k J^T v_k v_k^T J``) back-propagated to the
 call's output; plus the batch's prepared outputs ``f`` ``[N, C]`` and targets for the loss.
 
 A backend is a subclass of ``Backend`` registered with ``@register``; ``Laplace(backend=name)`` then

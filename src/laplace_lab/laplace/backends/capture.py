@@ -22,7 +22,7 @@ import torch
 
 from laplace_lab.laplace.backends.base import Backend, register
 from laplace_lab.laplace.capture import Capture, Streamed, has_inplace_modules
-from laplace_lab.laplace.curvature import output_factors
+from laplace_lab.laplace.output_factors import output_factors
 
 FACTOR_BUDGET = 2**24  # output-gradient elements of a batch (64 MiB in float32) above which it is streamed
 STREAM_BUDGET = 2**22  # output-gradient elements held while streaming (16 MiB in float32)

@@ -7,7 +7,7 @@ import torch
 
 from laplace_lab.laplace.backends.base import Backend, register
 from laplace_lab.laplace.chain import Chain
-from laplace_lab.laplace.curvature import output_factors
+from laplace_lab.laplace.output_factors import output_factors
 
 
 @register

@@ -3,7 +3,7 @@
 Hand-written on ``torch.func`` (``functional_call``, ``jvp``, ``vjp``, ``vmap``): per data chunk,
 one forward + ``vjp`` (keeps the chunk's graph), one ``jvp`` batched over the ``b`` input vectors
 (``vmap``), the output-space product with ``M_n = sum_k v_nk v_nk^T`` (``v`` from
-``curvature.output_factors``, ``[K, N, C]``) and the ``vjp`` batched over the ``b`` results.
+``output_factors.output_factors``, ``[K, N, C]``) and the ``vjp`` batched over the ``b`` results.
 curvlinops' ``GGNLinearOperator`` does the same for one vector at a time (through double
 backward); we keep our own because it batches over vectors (CG over many samples, the
 functional-variance jvps) and shares the likelihood factors of the engine (heteroscedastic
@@ -27,10 +27,10 @@ import torch
 from torch import nn
 from torch.func import functional_call, jacrev, jvp, vjp, vmap
 
-from laplace_lab.laplace.curvature import output_factors
 from laplace_lab.laplace.likelihoods import Likelihood, get_likelihood
+from laplace_lab.laplace.output_factors import output_factors
 
-OPERATOR_CURVATURES = ("ggn", "ef")  # deterministic curvatures (mc_fisher would change per product)
+OPERATOR_CURVATURE_TYPES = ("ggn", "ef")  # deterministic curvatures (mc_fisher would change per product)
 
 
 class GGNOperator:
@@ -53,8 +53,8 @@ class GGNOperator:
     def __init__(self, model: nn.Module, likelihood: str | Likelihood, data: Iterable,
                  params: list[torch.Tensor] | None = None, curvature: str = "ggn",
                  chunk_size: int | None = None, vec_chunk: int | None = None):
-        if curvature not in OPERATOR_CURVATURES:
-            raise ValueError(f"curvature must be one of {OPERATOR_CURVATURES} for the matrix-free "
+        if curvature not in OPERATOR_CURVATURE_TYPES:
+            raise ValueError(f"curvature must be one of {OPERATOR_CURVATURE_TYPES} for the matrix-free "
                              f"GGN operator; got {curvature!r}")
         for opt, val in (("chunk_size", chunk_size), ("vec_chunk", vec_chunk)):
             if val is not None and not (isinstance(val, int) and val >= 1):
@@ -200,4 +200,4 @@ class GGNOperator:
         return self.matmat(torch.eye(self.n_params, device=self.device, dtype=self.dtype))
 
 
-__all__ = ["GGNOperator", "OPERATOR_CURVATURES"]
+__all__ = ["GGNOperator", "OPERATOR_CURVATURE_TYPES"]

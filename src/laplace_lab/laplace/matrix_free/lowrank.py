@@ -34,7 +34,7 @@ import torch
 
 from laplace_lab.laplace.capture import Call
 from laplace_lab.laplace.distributed import all_reduce_sum, fit_group
-from laplace_lab.laplace.matrix_free.ggn_operator import OPERATOR_CURVATURES, GGNOperator
+from laplace_lab.laplace.matrix_free.ggn_operator import OPERATOR_CURVATURE_TYPES, GGNOperator
 from laplace_lab.laplace.matrix_free.lanczos import lanczos
 from laplace_lab.laplace.modules import per_sample_grads
 from laplace_lab.laplace.priors import to_diag
@@ -77,7 +77,7 @@ class LowRankStructure(Structure):
     name = "lowrank"
     label = "low-rank"
     prior_structures = ("scalar", "layerwise", "diagonal")
-    curvatures = tuple(OPERATOR_CURVATURES)
+    curvature_types = tuple(OPERATOR_CURVATURE_TYPES)
     options = ("n_eigs",)
     self_fitting = True
     shard_reduction = "operator"  # across processes: every Lanczos product summed over the ranks' shards
@@ -119,8 +119,8 @@ class LowRankStructure(Structure):
     def fit(self, la, data: Iterable) -> tuple[torch.Tensor, int, int]:
         """Loss pass + Lanczos on the GGN of ``la``'s subset over ``data``; returns
         ``(loss, n_data, n_outputs)`` for the Laplace object."""
-        if la.curvature not in OPERATOR_CURVATURES:
-            raise ValueError(f"curvature must be one of {OPERATOR_CURVATURES} with hessian_structure="
+        if la.curvature not in OPERATOR_CURVATURE_TYPES:
+            raise ValueError(f"curvature must be one of {OPERATOR_CURVATURE_TYPES} with hessian_structure="
                              f"'lowrank'; got {la.curvature!r}")
         self.op = GGNOperator(la.model, la.lik, data, params=la.params, curvature=la.curvature,
                               chunk_size=self.chunk_size, vec_chunk=self.vec_chunk)

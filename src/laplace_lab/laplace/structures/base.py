@@ -14,8 +14,8 @@ Optional (defaults here): ``finalize``, ``covariance``, ``square_norm``, ``curva
 ``posterior_view`` (the glm predictive; default: dense per-input Jacobians),
 ``curvature_top_eigenvectors`` (the loss-landscape slices along the posterior's eigen-directions).
 Class attributes declare its ``label`` (the name readers see), the ``prior_structures`` and
-``curvatures`` it supports, its extra constructor ``options`` and whether ``chain.Chain`` may hand it
-modules in any block order. A module of ``laplace.structures`` is imported with the package
+``curvature_types`` it supports, its extra constructor ``options`` and whether ``chain.Chain`` may
+hand it modules in any block order. A module of ``laplace.structures`` is imported with the package
 (``structures.discover``), so a new structure is its file and its ``conf/curvature/<name>.yaml``.
 """
 
@@ -37,7 +37,7 @@ class Structure:
     name = ""
     label = ""  # its name for readers (figure titles, the console summary), e.g. "KFAC"; "": ``name``
     prior_structures: tuple[str, ...] = ("scalar", "layerwise", "diagonal")
-    curvatures: tuple[str, ...] = ("ggn", "ef", "mc_fisher")
+    curvature_types: tuple[str, ...] = ("ggn", "ef", "mc_fisher")
     options: tuple[str, ...] = ()  # extra keyword arguments of the constructor (e.g. ``n_eigs``)
     self_fitting = False  # True: ``fit(la, data) -> (loss, n_data, n_outputs)`` replaces the batch loop
     any_block_order = False  # True: ``accumulate`` does not rely on records arriving in subset order

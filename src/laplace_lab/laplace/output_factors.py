@@ -1,4 +1,5 @@
-"""Output-space factors of the curvature types (hand-written: three lines each).
+"""Output-space factors of the curvature types (``CURVATURE_TYPES``: ggn | ef | mc_fisher, the
+engine's ``curvature`` argument and the config's ``curvature.type``), hand-written: three lines each.
 
 Every curvature of the log likelihood used here has the form ``sum_n J_n^T M_n J_n`` with
 ``J_n`` the network Jacobian of sample ``n`` and ``M_n = sum_k v_{nk} v_{nk}^T`` a PSD matrix in
@@ -20,9 +21,9 @@ import math
 import torch
 
 from laplace_lab.laplace.likelihoods import Likelihood
-from laplace_lab.laplace.options import Curvature
+from laplace_lab.laplace.options import CurvatureType
 
-CURVATURES = Curvature.values()
+CURVATURE_TYPES = CurvatureType.values()
 
 
 def _classification_ggn_sqrt(f: torch.Tensor) -> torch.Tensor:
@@ -51,35 +52,35 @@ def _classification_ggn_sqrt(f: torch.Tensor) -> torch.Tensor:
 
 def output_factors(
     likelihood: Likelihood,
-    curvature: str,
+    curvature_type: str,
     f: torch.Tensor,
     y: torch.Tensor,
     n_mc_samples: int = 1,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """``[K, N, C]`` output-space square-root factors of the curvature (see module doc)."""
+    """``[K, N, C]`` output-space square-root factors of the curvature of type ``curvature_type`` (see module doc)."""
     f = f.detach()
-    if curvature == "ggn":
+    if curvature_type == "ggn":
         if likelihood.name == "classification" and f.shape[1] > 1:
             return _classification_ggn_sqrt(f)
         return likelihood.hessian_sqrt(f)
-    if curvature == "ef":
+    if curvature_type == "ef":
         return likelihood.grad(f, y)[None]
-    if curvature == "mc_fisher":
+    if curvature_type == "mc_fisher":
         scale = 1.0 / math.sqrt(n_mc_samples)
         return torch.stack(
             [likelihood.grad(f, likelihood.sample(f, generator)) * scale for _ in range(n_mc_samples)]
         )
-    raise ValueError(f"curvature must be one of {CURVATURES}; got {curvature!r}")
+    raise ValueError(f"curvature must be one of {CURVATURE_TYPES}; got {curvature_type!r}")
 
 
-def n_output_factors(likelihood: str, curvature: str, n_outputs: int, n_mc_samples: int = 1) -> int:
+def n_output_factors(likelihood: str, curvature_type: str, n_outputs: int, n_mc_samples: int = 1) -> int:
     """``K``, the number of factors ``output_factors`` returns (the exact classification GGN drops
     one of the ``C``: ``_classification_ggn_sqrt``)."""
-    if curvature == "ggn":
+    if curvature_type == "ggn":
         return n_outputs - 1 if likelihood == "classification" and n_outputs > 1 else n_outputs
-    if curvature == "ef":
+    if curvature_type == "ef":
         return 1
-    if curvature == "mc_fisher":
+    if curvature_type == "mc_fisher":
         return n_mc_samples
-    raise ValueError(f"curvature must be one of {CURVATURES}; got {curvature!r}")
+    raise ValueError(f"curvature must be one of {CURVATURE_TYPES}; got {curvature_type!r}")

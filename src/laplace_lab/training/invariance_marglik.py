@@ -1,9 +1,9 @@
-"""The ``augmentation/`` config group: wrap the network in ``AugmentedModel`` and learn the
+"""Invariance learning by the marglik: the ``augmentation/`` config group wraps the network in ``AugmentedModel`` and learn the
 augmentation ranges ``eta`` by the Laplace marglik during training (Immer, van der Ouderaa et
 al. 2022), next to the online marglik's prior precisions.
 
 Modes: ``none`` (the plain network), ``fixed`` (``init`` ranges, never changed), ``learned``
-(``AugmentationMarglik`` takes one Adam step on ``-log marglik`` w.r.t. the ``learnable`` ranges in
+(``AugmentationMarglikCore`` takes one Adam step on ``-log marglik`` w.r.t. the ``learnable`` ranges in
 every marglik epoch of the online schedule, after ``OnlineMarglik`` updated the prior). The
 gradient comes from one training batch (``differentiable_marglik.log_marglik`` with ``full``: the
 value is the full-data marglik), as in the authors' code (one partial fit per epoch,
@@ -13,21 +13,28 @@ value is the full-data marglik), as in the authors' code (one partial fit per ep
 that fit's full-data factors (same weights and eta) instead of a second data pass.
 
 Every epoch the current ranges are logged as ``augmentation/<name>`` (csv/metrics.csv); at the end
-of training ``figures/augmentation_eta.png`` shows them over the epochs.
+of training ``figures/augmentation_eta.png`` shows them over the epochs. ``AugmentationMarglik`` is
+the core class as a Lightning ``Callback`` (``training.lightning_classes``; the augmentation runs
+under Lightning's Trainer only, ``training.loop_choice``); this module imports no Lightning.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pytorch_lightning as pl
 import torch
 
-from laplace_lab.config.schema import AugmentationConfig, MarglikConfig
+from laplace_lab import lazy_attributes
+from laplace_lab.config.schema import AugmentationConfig, MarglikConfig, RunConfig
 from laplace_lab.laplace import differentiable_marglik as dm
 from laplace_lab.laplace.marglik_schedule import is_marglik_epoch, marglik_epochs
 from laplace_lab.models.augmentation import TRANSFORMS, AffineAugmentation, AugmentedModel
+
+if TYPE_CHECKING:  # annotations only
+    import pytorch_lightning as pl
 
 MODES = ("none", "fixed", "learned")
 
@@ -40,27 +47,52 @@ def wrap_model(aug: AugmentationConfig, net: torch.nn.Module) -> torch.nn.Module
     return AugmentedModel(net, AffineAugmentation(int(aug.n_samples), dict(aug.init), learnable, aug.interpolation))
 
 
-class AugmentationMarglik(pl.Callback):
-    """Logs ``eta`` every epoch; with ``learn`` also takes its marglik step (module docstring).
+@dataclass(frozen=True)
+class AugmentationMarglikOptions:
+    """The options of ``AugmentationMarglikCore``.
 
     Args:
         learn: optimise the learnable ranges (mode learned) or only log them (mode fixed).
-        structure, curvature: ``differentiable_marglik`` options (``kron`` | ``diag``, ``ggn`` | ``ef``).
+        structure, curvature_type: ``differentiable_marglik`` options (``kron`` | ``diag``, ``ggn`` | ``ef``).
         frequency, burnin: the online marglik's F and B (same epochs).
         lr, lr_min: Adam rate on eta, cosine-decayed to ``lr_min`` over the marglik epochs.
         fit_batch_size: batch size of the graph-free full-data pass (``None``: the data module's).
         subset_all: the curvature covers all weights (else no final ``augmentation/log_marglik``).
     """
 
-    def __init__(self, learn: bool, structure: str = "kron", curvature: str = "ggn",
-                 frequency: int = MarglikConfig.frequency, burnin: int = MarglikConfig.burnin,
-                 lr: float = AugmentationConfig.lr, lr_min: float = AugmentationConfig.lr_min,
-                 fit_batch_size: int | None = None, subset_all: bool = True):
+    learn: bool
+    structure: str = "kron"
+    curvature_type: str = "ggn"
+    frequency: int = MarglikConfig.frequency
+    burnin: int = MarglikConfig.burnin
+    lr: float = AugmentationConfig.lr
+    lr_min: float = AugmentationConfig.lr_min
+    fit_batch_size: int | None = None
+    subset_all: bool = True
+
+    @classmethod
+    def from_run(cls, run: RunConfig) -> AugmentationMarglikOptions | None:
+        """From the run's ``augmentation``, ``marglik`` and ``curvature`` groups; ``None`` unless
+        ``augmentation=fixed|learned`` (or ``none`` with ``report=true`` under online marglik)."""
+        aug, m, c = run.augmentation, run.marglik, run.curvature
+        if not (aug.wraps_model or (aug.report and m.online)):
+            return None
+        return cls(aug.mode == "learned", c.hessian_structure, c.type, m.frequency, m.burnin, aug.lr, aug.lr_min,
+                   c.fit_batch_size, c.subset_of_weights == "all")
+
+
+class AugmentationMarglikCore:
+    """Logs ``eta`` every epoch; with ``options.learn`` also takes its marglik step (module docstring)."""
+
+    options_type = AugmentationMarglikOptions
+
+    def __init__(self, options: AugmentationMarglikOptions):
         super().__init__()
-        self.subset_all = subset_all
-        self.learn, self.structure, self.curvature = learn, structure, curvature
-        self.frequency, self.burnin = frequency, burnin
-        self.lr, self.lr_min, self.fit_batch_size = lr, lr_min, fit_batch_size
+        o = self.options = options
+        self.subset_all = o.subset_all
+        self.learn, self.structure, self.curvature_type = o.learn, o.structure, o.curvature_type
+        self.frequency, self.burnin = o.frequency, o.burnin
+        self.lr, self.lr_min, self.fit_batch_size = o.lr, o.lr_min, o.fit_batch_size
         self.eta: torch.Tensor | None = None
         self.optimizer: torch.optim.Adam | None = None
         self.steps_done = 0
@@ -80,10 +112,10 @@ class AugmentationMarglik(pl.Callback):
         lik = module.likelihood
         was_training = model.training
         model.eval()
-        full = _online_factors(trainer, self.structure, self.curvature)  # the prior step's fit, same weights
+        full = _online_factors(trainer, self.structure, self.curvature_type)  # the prior step's fit, same weights
         if full is None:
             full = dm.fit_factors(model, dmod.train_eval_dataloader(batch_size=self.fit_batch_size), self.structure,
-                                  self.curvature, lik)
+                                  self.curvature_type, lik)
         X, y = next(iter(dmod.train_dataloader()))  # a shuffled training batch: the partial fit
         X, y = X.to(aug.eta.device), y.to(aug.eta.device)
         prior = module.prior_precision.detach().to(aug.eta.dtype)
@@ -91,7 +123,7 @@ class AugmentationMarglik(pl.Callback):
         for group in self.optimizer.param_groups:
             group["lr"] = self._lr(total)
         self.optimizer.zero_grad()
-        marglik = dm.log_marglik(model, X, y, self.eta, prior, self.structure, self.curvature, lik,
+        marglik = dm.log_marglik(model, X, y, self.eta, prior, self.structure, self.curvature_type, lik,
                                  temperature=module.temperature, full=full)
         (-marglik).backward()
         if torch.isfinite(self.eta.grad).all():
@@ -119,7 +151,7 @@ class AugmentationMarglik(pl.Callback):
             best = online[0].best_marglik
             self._final["marglik/best_log_marglik"] = best if math.isfinite(best) else online[0].history[-1][
                 "marglik/log_marglik"]
-        if self.structure in dm.STRUCTURES and self.curvature in dm.CURVATURES and self.subset_all:
+        if self.structure in dm.STRUCTURES and self.curvature_type in dm.CURVATURE_TYPES and self.subset_all:
             self._final["augmentation/log_marglik"] = self._final_marglik(trainer, module)
         if self.history:
             plot_eta(self.history, Path(trainer.default_root_dir) / "figures" / "augmentation_eta.png")
@@ -136,7 +168,7 @@ class AugmentationMarglik(pl.Callback):
         was_training = model.training
         model.eval()
         fac = dm.fit_factors(model, trainer.datamodule.train_eval_dataloader(batch_size=self.fit_batch_size),
-                             self.structure, self.curvature, module.likelihood)  # graph-free
+                             self.structure, self.curvature_type, module.likelihood)  # graph-free
         value = dm.log_marglik_from_factors(model, fac, module.prior_precision.detach().to(p_dtype(model)),
                                             self.structure, module.temperature, module.likelihood)
         model.train(was_training)
@@ -160,13 +192,13 @@ class AugmentationMarglik(pl.Callback):
             self.optimizer.load_state_dict(state["optimizer"])
 
 
-def _online_factors(trainer: pl.Trainer, structure: str, curvature: str) -> dm.Factors | None:
+def _online_factors(trainer: pl.Trainer, structure: str, curvature_type: str) -> dm.Factors | None:
     """This epoch's full-data factors of ``OnlineMarglik``'s prior step (``fit_for_marglik``), if it
     fitted the same structure and curvature at the current weights and eta, else ``None``."""
     for cb in trainer.callbacks:
         la_kwargs = getattr(cb, "laplace_kwargs", None)
         if (getattr(cb, "last_factors", None) is not None and cb.last_factors_epoch == trainer.current_epoch
-                and la_kwargs.get("hessian_structure") == structure and la_kwargs.get("curvature") == curvature):
+                and la_kwargs.get("hessian_structure") == structure and la_kwargs.get("curvature") == curvature_type):
             return cb.last_factors
     return None
 
@@ -202,3 +234,7 @@ def plot_eta(history: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+# ``AugmentationMarglik`` (the Lightning callback) on first use: importing Lightning costs seconds
+__getattr__ = lazy_attributes(__name__, {"AugmentationMarglik": "laplace_lab.training.lightning_classes"})
