@@ -14,7 +14,7 @@ import torch
 from laplace_refs import data, loader, mlp
 
 import laplace_lab.laplace.structures as structures_pkg
-from laplace_lab.config.validation import validate_config
+from laplace_lab.config.load import load_run_config
 from laplace_lab.evaluation.labels import laplace_label
 from laplace_lab.laplace import Laplace
 from laplace_lab.laplace.spec import hessian_structures
@@ -72,7 +72,7 @@ def new_structure(tmp_path, monkeypatch):
 def test_a_new_structure_is_a_module_and_a_yaml(new_structure):
     assert NAME in hessian_structures()  # the package's discovery imports the new module
     # the config: curvature=<name> composes and passes the training config check
-    run = validate_config(compose_config([*new_structure, "prior=diagonal", "curvature.type=ef"]))
+    run = load_run_config(compose_config([*new_structure, "prior=diagonal", "curvature.type=ef"]))
     assert run.curvature.hessian_structure == NAME and run.curvature.type == "ef"
     assert laplace_label({"curvature": {"subset_of_weights": "all", "hessian_structure": NAME, "type": "ggn"},
                           "predictive": {"pred_type": "glm", "link_approx": "probit"}}).startswith(
@@ -97,4 +97,4 @@ def test_without_its_module_the_yaml_is_refused(new_structure, monkeypatch):
     monkeypatch.setattr(structures_pkg, "__path__", list(structures_pkg.__path__)[:-1])
     with pytest.raises(ValueError, match=rf"curvature.hessian_structure='{NAME}' is not supported; "
                                          r"allowed: \['diag', 'full', 'kron', 'lowrank'\]"):
-        validate_config(compose_config(new_structure))
+        load_run_config(compose_config(new_structure))
