@@ -7,8 +7,10 @@ developer machine, but they FAIL under CI (``CI`` set), so CI cannot pass withou
 from __future__ import annotations
 
 import csv
+import importlib
 import importlib.util
 import os
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,22 @@ def data_dir() -> Path:
     if os.environ.get("CI"):
         pytest.fail(message + " (CI must run the real-data tests)")
     pytest.skip(message)
+
+
+def add_two_files(tmp_path: Path, monkeypatch, package, module: str, source: str, group: str, yaml: str) -> list[str]:
+    """What a contributor adds, in temporary folders: ``<module>.py`` (``source``) on ``package``'s
+    path and ``conf/<group>/<module>.yaml`` on Hydra's search path. Returns the overrides that
+    compose with the yaml (``<group>=<module>``); the caller drops ``<package>.<module>`` from
+    ``sys.modules`` after the test."""
+    folder = tmp_path / "package"
+    folder.mkdir()
+    (folder / f"{module}.py").write_text(textwrap.dedent(source))
+    conf = tmp_path / "conf" / group
+    conf.mkdir(parents=True)
+    (conf / f"{module}.yaml").write_text(textwrap.dedent(yaml))
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(folder)])
+    importlib.invalidate_caches()
+    return [f"{group}={module}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]"]
 
 
 def load_script(path: Path, name: str | None = None):

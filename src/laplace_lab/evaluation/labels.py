@@ -9,8 +9,15 @@ from typing import Any
 
 # evaluation keys -> names on figures and in the summary
 PREDICTORS = {"map": "MAP", "la": "Laplace", "de": "deep ensemble", "mola": "MoLA"}
-STRUCTURES = {"kron": "KFAC", "diag": "diagonal", "full": "full", "lowrank": "low-rank"}
 LINKS = {"probit": "probit", "mc": "MC", "bridge": "Laplace bridge", "bridge_norm": "Laplace bridge (normalised)"}
+
+
+def structure_label(name: Any) -> str:
+    """A posterior structure's name for readers (its class's ``label``: ``kron`` -> ``KFAC``);
+    a name no structure has, unchanged."""
+    from laplace_lab.laplace.spec import hessian_structures, structure_class
+
+    return (structure_class(name).label or name) if name in hessian_structures() else str(name)
 
 
 def predictor_label(name: str) -> str:
@@ -38,7 +45,7 @@ def laplace_label(cfg: Mapping[str, Any], likelihood: str = "classification") ->
     (Gaussian regression's GLM predictive: ``closed form``, see ``training.predictors``)."""
     curvature, predictive = cfg.get("curvature") or {}, cfg.get("predictive") or {}
     subset = "last-layer" if curvature.get("subset_of_weights") == "last_layer" else "all-weights"
-    structure = STRUCTURES.get(curvature.get("hessian_structure"), curvature.get("hessian_structure"))
+    structure = structure_label(curvature.get("hessian_structure"))
     kind = str(curvature.get("type", "")).upper().replace("MC_FISHER", "MC-Fisher")
     pred = str(predictive.get("pred_type", "")).upper().replace("NN", "sampled-network")
     link = LINKS.get(predictive.get("link_approx"), predictive.get("link_approx"))

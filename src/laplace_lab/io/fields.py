@@ -32,6 +32,7 @@ class Spec:
     ``low``/``high`` (``low_open``: ``> low``; ``high_open``: ``< high``), ``nullable``, ``choices`` (a
     list's: of each entry); ``items``: the kind of a list's entries (``int`` | ``float`` (ints accepted) |
     ``str``), numbers each within ``low``/``high``; ``nonempty``: a list needs at least one entry;
+    ``indexed``: a list's entry out of range is named ``<name>[i]`` (default: ``<name> entries``);
     ``describe``: shown after the name (``" (the learning rate)"``);
     ``options``: the group options whose config file carries the key (None: all of them, see
     ``config.store``); ``message``: a fixed message for a bad value (``{name}`` and ``{value}``);
@@ -48,6 +49,7 @@ class Spec:
     choices: tuple | None = None
     items: str | None = None
     nonempty: bool = False
+    indexed: bool = False
     describe: str = ""
     options: tuple[str, ...] | None = None
     message: str | None = None
@@ -147,8 +149,8 @@ def _check_entries(name: str, value: list, spec: Spec) -> None:
         _fail(f"{name}={list(value)!r} must be a list of {ENTRY_NAMES[spec.items]}; got entries {bad}")
     if spec.items != "str":
         entry = Spec(spec.items, low=spec.low, high=spec.high, low_open=spec.low_open, high_open=spec.high_open)
-        for e in value:
-            _check_number(f"{name} entries", e, entry)
+        for i, e in enumerate(value):
+            _check_number(f"{name}[{i}]" if spec.indexed else f"{name} entries", e, entry)
 
 
 def _accepts(value: Any, spec: Spec) -> bool:
