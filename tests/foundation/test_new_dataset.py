@@ -72,7 +72,7 @@ def test_a_new_in_memory_dataset_is_a_class_and_a_yaml(line_dataset, tmp_path):
     cfg = compose_config([*line_dataset, *FAST])
     job = load_run_config(cfg)  # the target is allowed, its options read from its class
     assert job.data["slope"] == 3.0 and data_class(TARGET) is not None and TARGET in data_modules()
-    assert lightning_needs(job) == [] and choose_loop(job) == "plain"  # it declares in_memory
+    assert lightning_needs(job) == [] and choose_loop(job).name == "plain"  # it declares in_memory
     metrics = run(cfg, tmp_path / "run")
     assert metrics["test/map/rmse"] == metrics["test/map/rmse"] and (tmp_path / "run" / "metrics.json").exists()
 
