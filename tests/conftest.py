@@ -7,8 +7,10 @@ developer machine, but they FAIL under CI (``CI`` set), so CI cannot pass withou
 from __future__ import annotations
 
 import csv
+import importlib
 import importlib.util
 import os
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,11 @@ import laplace_lab.config  # noqa: F401 (registers the schema nodes the option f
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
-os.environ.setdefault("WANDB_MODE", "offline")
+# Runs log to an offline W&B run by default (logger.wandb.mode follows WANDB_MODE); the suite's runs
+# do not: starting wandb costs seconds per run. Tests of the W&B output ask for it
+# (logger.wandb.mode=offline, or WANDB_MODE=offline in a subprocess's environment).
+WANDB_SUITE_MODE = "disabled"
+os.environ["WANDB_MODE"] = WANDB_SUITE_MODE
 os.environ.setdefault("WANDB_SILENT", "true")
 
 
@@ -33,6 +39,22 @@ def data_dir() -> Path:
     if os.environ.get("CI"):
         pytest.fail(message + " (CI must run the real-data tests)")
     pytest.skip(message)
+
+
+def add_two_files(tmp_path: Path, monkeypatch, package, module: str, source: str, group: str, yaml: str) -> list[str]:
+    """What a contributor adds, in temporary folders: ``<module>.py`` (``source``) on ``package``'s
+    path and ``conf/<group>/<module>.yaml`` on Hydra's search path. Returns the overrides that
+    compose with the yaml (``<group>=<module>``); the caller drops ``<package>.<module>`` from
+    ``sys.modules`` after the test."""
+    folder = tmp_path / "package"
+    folder.mkdir()
+    (folder / f"{module}.py").write_text(textwrap.dedent(source))
+    conf = tmp_path / "conf" / group
+    conf.mkdir(parents=True)
+    (conf / f"{module}.yaml").write_text(textwrap.dedent(yaml))
+    monkeypatch.setattr(package, "__path__", [*package.__path__, str(folder)])
+    importlib.invalidate_caches()
+    return [f"{group}={module}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]"]
 
 
 def load_script(path: Path, name: str | None = None):
@@ -82,6 +104,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(autouse=True)
+def _suite_wandb_mode():
+    """Every test starts with ``WANDB_MODE=disabled``: Lightning's ``WandbLogger(offline=True)`` sets it
+    to ``dryrun`` for the rest of its process, which later runs' ``logger.wandb.mode`` would read."""
+    os.environ["WANDB_MODE"] = WANDB_SUITE_MODE
+    yield
 
 
 @pytest.fixture(autouse=True)

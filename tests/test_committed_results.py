@@ -11,6 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from laplace_lab.reporting.provenance import preset_files
+
 ROOT = Path(__file__).resolve().parents[1]
 TABLES = sorted(p for p in (ROOT / "results").glob("*.md") if p.with_suffix(".jobs.csv").exists())
 
@@ -59,9 +61,9 @@ def test_table_commit_contains_its_preset(table):
     if known.returncode != 0:
         pytest.skip(f"commit {commit[:12]} is not in this clone's history (shallow clone)")
     for preset in presets:
-        found = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}:conf/experiment/{preset}.yaml"],
-                               capture_output=True)
-        assert found.returncode == 0, f"{table.name}: commit {commit[:12]} has no conf/experiment/{preset}.yaml"
+        found = [subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{commit}:{path}"],
+                                capture_output=True).returncode == 0 for path in preset_files(preset)]
+        assert any(found), f"{table.name}: commit {commit[:12]} has none of {preset_files(preset)}"
 
 
 RECORDS = sorted((ROOT / "results" / "sweeps").glob("**/status.json"))

@@ -1,4 +1,4 @@
-"""experiments/laplace_redux/laplace_torch_reference.py: laplace-torch beside our evaluation on
+"""experiments/redux_mnist/laplace_torch_reference.py: laplace-torch beside our evaluation on
 one MAP network (tiny LeNet on fake images), the CSV row fields, the summary's reference entries
 and how a job's MAP cache entry is found."""
 
@@ -14,15 +14,17 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
+from laplace_lab.config.fields import defaults
 from laplace_lab.data import VisionDataModule
 from laplace_lab.evaluation import metrics as M
+from laplace_lab.evaluation.options import EvalConfig
 from laplace_lab.models import LeNet
 from laplace_lab.reporting.reference import load_reference
 from laplace_lab.training import MAPModule
 from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "experiments" / "laplace_redux" / "laplace_torch_reference.py"
+SCRIPT = ROOT / "experiments" / "redux_mnist" / "laplace_torch_reference.py"
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,7 @@ def tiny(tmp_path_factory):
                                     pytest.param("kron", marks=pytest.mark.slow)])  # kron: ~30 s
 def test_peer_row(peer, tiny, method, tmp_path):
     dm, module = tiny
-    eval_cfg = peer.evaluation_config(OmegaConf.load(ROOT / "conf" / "evaluation" / "default.yaml"))
+    eval_cfg = peer.evaluation_config(OmegaConf.create(defaults(EvalConfig)))  # conf/evaluation/default.yaml
     eval_cfg.ood.n_generated = 32
     row = peer.peer_metrics(module, dm, method, eval_cfg, tmp_path, n_steps=20)
     row.update({"seed": 0, "method_name": method, "job": "j", "map_entry": "e.pt", "map_found_by": "exact"})

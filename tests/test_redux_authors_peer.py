@@ -1,4 +1,4 @@
-"""experiments/laplace_redux/peer/run_authors_uq.py: our LeNet in the authors' layout gives the same
+"""experiments/redux_mnist/peer/run_authors_uq.py: our LeNet in the authors' layout gives the same
 logits, the run-time patch applies exactly once (else stops), uq.py's results and our metrics map to
 the peer CSV's columns, and the committed CSV names no machine path."""
 
@@ -15,7 +15,7 @@ from laplace_lab.reporting import peer_pairs
 from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "experiments" / "laplace_redux" / "peer" / "run_authors_uq.py"
+SCRIPT = ROOT / "experiments" / "redux_mnist" / "peer" / "run_authors_uq.py"
 
 
 @pytest.fixture(scope="module")

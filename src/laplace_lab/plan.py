@@ -21,6 +21,7 @@ from laplace_lab.config.load import load_run_config
 from laplace_lab.laplace import plan
 from laplace_lab.training.build import build
 from laplace_lab.training.laplace_plan import format_table, plan_table
+from laplace_lab.training.loops import PLAIN
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
     run = load_run_config(cfg)
-    datamodule, module = build(run, "plain")
+    datamodule, module = build(run, PLAIN)
     rows, batch, limit = plan_table(run, datamodule, module.model, module.likelihood, probe_time)
     c = run.curvature
     print(f"Laplace plan: {' '.join(overrides) or '(defaults)'}; likelihood {module.likelihood}, curvature "

@@ -10,7 +10,6 @@ precisions), fit the post-hoc Laplace (``training.posthoc``), the ensemble's oth
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -29,27 +28,20 @@ from laplace_lab.config.instantiate import CONFIG_ERRORS, config_phase
 from laplace_lab.config.load import load_run_config
 from laplace_lab.config.schema import RunConfig
 from laplace_lab.config.targets import guard_hydra_config
-from laplace_lab.data.base import LabDataModule
-from laplace_lab.evaluation.labels import run_label
 from laplace_lab.evaluation.summary import laplace_summary
 from laplace_lab.io import quiet_logs
 from laplace_lab.io.atomic import write_text_atomic
-from laplace_lab.io.eta import PhaseLog, attached_to_terminal
-from laplace_lab.reporting.run_loggers import build_loggers, finish_loggers
+from laplace_lab.io.eta import PhaseLog
+from laplace_lab.reporting.run_loggers import build_loggers, finish_loggers, swept_values
 from laplace_lab.sweeps.devices import check_accelerator
 from laplace_lab.sweeps.jobs import is_multirun, job_checkpoint_dir, record_devices, run_tracked
 from laplace_lab.sweeps.ray_launch import patch_ray_launcher
 from laplace_lab.sweeps.signals import exit_on_interrupt
 from laplace_lab.training import ensemble, loop_choice
+from laplace_lab.training.eval_plan import evaluation_plan
 from laplace_lab.training.fit import train_map, training_plan
 from laplace_lab.training.map_grid import train_map_grid
-from laplace_lab.training.module import MAPCore
 from laplace_lab.training.posthoc import fit_posthoc_laplace
-from laplace_lab.training.predictors import (
-    het_approx_alternatives,
-    laplace_predictor,
-    map_predictor,
-)
 from laplace_lab.training.underfit import train_target_std, warn_if_underfit
 
 log = logging.getLogger(__name__)
@@ -75,7 +67,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     set_cpu_modes(job)
     if job.ensemble.enabled and job.ensemble.member is not None:  # train one member into the MAP cache
         return ensemble.run_member_job(job, output_dir, train_map)
-    loggers = build_loggers(job, output_dir, plain=loop == "plain")
+    loggers = build_loggers(job, output_dir, plain=not loop.lightning)
     phases = PhaseLog(output_dir)
     phases.start("MAP training", training_plan(job, loop))
     train = train_map_grid if job.map_grid else train_map
@@ -86,7 +78,7 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
         log.info("DDP rank %d of %d: training done; rank 0 evaluates", trainer.global_rank, trainer.world_size)
         return metrics
     # the loops' teardown moved it to the CPU: fit the Laplace where it trained
-    module.to(trainer.root_device if loop == "plain" else trainer.strategy.root_device)
+    module.to(loop.root_device(trainer))
     record_devices(output_dir, trainer, module)
     if module.likelihood == "regression":
         metrics["hparams/sigma_noise"] = module.sigma_noise.item()
@@ -107,8 +99,12 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
     if job.evaluation.enabled:
         phases.start("Evaluation", "an estimate of its time follows the test-set pass")
         start = time.perf_counter()
-        metrics.update(evaluate(job, module, datamodule, la, loggers, output_dir, trainer.global_step,
-                                extra_predictors, on_eta=phases.eta))
+        from laplace_lab.evaluation.runner import (
+            run_evaluation,  # pandas and matplotlib load when a run evaluates
+        )
+
+        plan = evaluation_plan(job, module, datamodule, la, output_dir, extra_predictors, swept_values())
+        metrics.update(run_evaluation(plan, loggers, step=trainer.global_step, on_eta=phases.eta))
         log.info("Evaluation: %d metrics, %.1f s", len(metrics), time.perf_counter() - start)
         if module.likelihood != "classification":
             warn_if_underfit(metrics, train_target_std(datamodule))
@@ -156,42 +152,6 @@ def set_cpu_modes(job: RunConfig) -> None:
         torch.set_num_threads(int(job.torch_num_threads))
     if not torch.set_flush_denormal(bool(job.flush_denormal)) and job.flush_denormal:
         log.warning("flush_denormal=true is not supported on this CPU: subnormal floats are kept")
-
-
-def evaluate(job: RunConfig, module: MAPCore, datamodule: LabDataModule, la, loggers, output_dir: Path,
-             step: int, extra_predictors: dict | None = None, on_eta=None) -> dict[str, float]:
-    """MAP and (if fitted) Laplace predictives side by side, through ``laplace_lab.evaluation``;
-    ``extra_predictors`` (e.g. the ensemble's ``de`` / ``mola``) are evaluated beside them. FGSM
-    attacks ``module.model`` (for an ensemble: member 0). Progress bars only on a terminal;
-    ``on_eta(seconds)`` receives the evaluation's estimate of its remaining time."""
-    predictors = {"map": map_predictor(module)}
-    if la is not None:
-        predictors["la"] = laplace_predictor(la, job.predictive)
-        predictors.update(het_approx_alternatives(la, job.predictive))
-    predictors.update(extra_predictors or {})
-    task = "classification" if module.likelihood == "classification" else "regression"
-    is_toy2d = task == "classification" and tuple(datamodule.input_shape) == (2,)
-    from laplace_lab.evaluation.landscape import LandscapeInputs
-    from laplace_lab.evaluation.runner import (
-        run_evaluation,  # pandas and matplotlib load when a run evaluates
-    )
-
-    landscape = None  # the loss landscape around the MAP beside la's Gaussian (evaluation.landscape)
-    if la is not None and job.evaluation.landscape.enabled:
-        landscape = LandscapeInputs(la, datamodule.train_set, datamodule.test_set)
-    eval_cfg = job.evaluation
-    if eval_cfg.progress and not attached_to_terminal():  # one line per section instead
-        eval_cfg = dataclasses.replace(eval_cfg, progress=False)
-    return run_evaluation(
-        eval_cfg, task, predictors, datamodule.test_dataloader(), ood_loaders=datamodule.ood_dataloaders(),
-        attack_model=module.model, out_dir=output_dir, logger=loggers,
-        target_mean=datamodule.target_mean if datamodule.target_mean is not None else 0.0,
-        target_std=datamodule.target_std if datamodule.target_std is not None else 1.0,
-        dataset=getattr(datamodule, "name", None), data_dir=job.paths.data_dir,
-        input_range=datamodule.input_range, toy_data=datamodule.train_set.tensors if is_toy2d else None,
-        step=step, landscape=landscape, on_eta=on_eta,
-        label=run_label(job.raw, module.likelihood, job.needs_posthoc_laplace),
-    )
 
 
 def check_final_metrics(metrics: dict[str, float], path: Path) -> None:

@@ -14,7 +14,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import laplace_lab.train as train_mod
 import laplace_lab.training.build as build_mod
-from laplace_lab.evaluation.config import LandscapeConfig, check_landscape_run, validate_config
 from laplace_lab.evaluation.landscape import (
     SliceLoss,
     _head_module,
@@ -22,6 +21,7 @@ from laplace_lab.evaluation.landscape import (
     filter_normalized_direction,
     landscape_directions,
 )
+from laplace_lab.evaluation.options import LandscapeConfig, check_landscape_run, evaluation_config
 from laplace_lab.laplace import Laplace
 
 SIGMA, T, DELTA = 0.3, 1.3, 0.7
@@ -195,25 +195,31 @@ def test_random_directions_over_biases_only_need_biases_weights():
 @pytest.mark.parametrize(
     "cfg,match",
     [
-        ({"landscape": {"grid_points": 0}}, r"evaluation\.landscape\.grid_points=0 must be an integer >= 3"),
-        ({"landscape": {"grid_points_1d": 2}}, r"evaluation\.landscape\.grid_points_1d=2 must be an integer >= 3"),
-        ({"landscape": {"extent": -1.0}}, r"evaluation\.landscape\.extent=-1.0 must be a positive number"),
+        ({"landscape": {"grid_points": 0}},
+         r"evaluation\.landscape\.grid_points must be >= 3; got 0 \(allowed: integers in \[3, inf\)\)"),
+        ({"landscape": {"grid_points_1d": 2}}, r"evaluation\.landscape\.grid_points_1d must be >= 3; got 2"),
+        ({"landscape": {"extent": -1.0}},
+         r"evaluation\.landscape\.extent must be > 0; got -1.0 \(allowed: numbers in \(0, inf\)\)"),
         ({"landscape": {"directions": "pca"}},
          r"evaluation\.landscape\.directions='pca' is not supported; allowed: \['random', 'eigen'\]"),
-        ({"landscape": {"n_directions": 1}}, r"evaluation\.landscape\.n_directions=1 must be an integer >= 2"),
-        ({"landscape": {"n_train": 0}}, r"evaluation\.landscape\.n_train=0 must be an integer >= 1 or null"),
+        ({"landscape": {"n_directions": 1}}, r"evaluation\.landscape\.n_directions must be >= 2; got 1"),
+        ({"landscape": {"n_train": 0}}, r"evaluation\.landscape\.n_train must be >= 1 or null; got 0"),
         ({"landscape": {"biases": "keep"}}, r"evaluation\.landscape\.biases='keep' is not supported"),
-        ({"enabled": False, "landscape": {"enabled": True}},
-         r"evaluation\.landscape\.enabled=true needs evaluation\.enabled=true"),
     ],
 )
 def test_bad_options_name_the_option(cfg, match):
     with pytest.raises(ValueError, match=match):
-        validate_config(cfg)
+        evaluation_config(cfg)
+
+
+def test_landscape_needs_the_evaluation_on():
+    cfg = evaluation_config({"enabled": False, "landscape": {"enabled": True}})
+    with pytest.raises(ValueError, match=r"evaluation\.landscape\.enabled=true needs evaluation\.enabled=true"):
+        check_landscape_run(cfg, "full", True)
 
 
 def test_eigen_directions_need_a_structure_with_eigenvectors():
-    cfg = validate_config({"landscape": {"enabled": True, "directions": "eigen"}})
+    cfg = evaluation_config({"landscape": {"enabled": True, "directions": "eigen"}})
     for structure in ("full", "kron", "lowrank"):
         check_landscape_run(cfg, structure, True)
     with pytest.raises(ValueError, match=r"evaluation\.landscape\.directions='eigen' needs a curvature\.hessian_structure "
@@ -227,9 +233,11 @@ def test_eigen_directions_need_a_structure_with_eigenvectors():
     "overrides,match",
     [
         (["evaluation.landscape.enabled=true", "evaluation.landscape.grid_points=0"],
-         r"evaluation\.landscape\.grid_points=0 must be an integer >= 3"),
+         r"evaluation\.landscape\.grid_points must be >= 3; got 0"),
         (["evaluation.landscape.enabled=true", "evaluation.landscape.extent=-0.5"],
-         r"evaluation\.landscape\.extent=-0.5 must be a positive number"),
+         r"evaluation\.landscape\.extent must be > 0; got -0.5"),
+        (["evaluation.enabled=false", "evaluation.landscape.enabled=true"],
+         r"evaluation\.landscape\.enabled=true needs evaluation\.enabled=true"),
         (["evaluation.landscape.enabled=true", "evaluation.landscape.directions=eigen", "curvature=ll_diag"],
          r"evaluation\.landscape\.directions='eigen' needs a curvature\.hessian_structure with eigenvectors"),
         (["evaluation.landscape.enabled=true", "method=map"], r"evaluation\.landscape\.enabled=true needs a post-hoc"),
@@ -247,7 +255,7 @@ def test_run_evaluation_draws_and_logs_the_landscape(tmp_path, image_data, image
     from eval_helpers import read_wandb_keys
     from pytorch_lightning.loggers import WandbLogger
 
-    from laplace_lab.evaluation.landscape import LandscapeInputs
+    from laplace_lab.evaluation import EvalData, EvaluationPlan, LandscapeInputs
     from laplace_lab.evaluation.runner import run_evaluation
 
     train, test = image_data
@@ -257,10 +265,12 @@ def test_run_evaluation_draws_and_logs_the_landscape(tmp_path, image_data, image
     la.fit(DataLoader(train, batch_size=64))
     cfg = {"progress": False, "ood": {"enabled": False}, "shift": {"rotation": {"enabled": False}},
            "landscape": {"enabled": True, "grid_points": 5, "grid_points_1d": 5, "n_train": 100, "n_test": 50, "html": True}}
-    wandb_logger = WandbLogger(save_dir=str(tmp_path), offline=True, project="laplace-lab-test")
+    wandb_logger = WandbLogger(save_dir=str(tmp_path), offline=True, mode="offline", project="laplace-lab-test")
     out = tmp_path / "out"
-    metrics = run_evaluation(cfg, "classification", predictors, test_loader, out_dir=out, logger=wandb_logger,
-                             dataset="toy_images", landscape=LandscapeInputs(la, train, test))
+    plan = EvaluationPlan(evaluation_config(cfg), "classification", predictors,
+                          EvalData(test_loader, dataset="toy_images"), landscape=LandscapeInputs(la, train, test),
+                          out_dir=out)
+    metrics = run_evaluation(plan, logger=wandb_logger)
     run_dir = wandb_logger.experiment.dir
     wandb_logger.experiment.finish()
     keys = {"landscape/map/loss", "landscape/map/acc", "landscape/la/tv", "landscape/d1/la/curvature_ratio",
@@ -281,17 +291,20 @@ def test_run_evaluation_draws_and_logs_the_landscape(tmp_path, image_data, image
 
 
 def test_landscape_off_or_without_inputs_is_skipped(tmp_path, image_setup):
+    from laplace_lab.evaluation import EvalData, EvaluationPlan
     from laplace_lab.evaluation.runner import run_evaluation
 
     model, predictors, test_loader, _ = image_setup
     cfg = {"progress": False, "ood": {"enabled": False}, "shift": {"rotation": {"enabled": False}}}
-    run_evaluation(cfg, "classification", predictors, test_loader, out_dir=tmp_path)
+    run_evaluation(EvaluationPlan(evaluation_config(cfg), "classification", predictors, EvalData(test_loader),
+                                  out_dir=tmp_path))
     import json
 
     assert "landscape" in json.loads((tmp_path / "eval_report.json").read_text())["skipped"]
-    on = {**cfg, "landscape": {"enabled": True}}
-    run_evaluation(on, "classification", predictors, test_loader, out_dir=tmp_path / "on")
-    assert "run_evaluation's landscape" in json.loads((tmp_path / "on" / "eval_report.json").read_text())["skipped"]["landscape"]
+    on = evaluation_config({**cfg, "landscape": {"enabled": True}})
+    run_evaluation(EvaluationPlan(on, "classification", predictors, EvalData(test_loader), out_dir=tmp_path / "on"))
+    skipped = json.loads((tmp_path / "on" / "eval_report.json").read_text())["skipped"]["landscape"]
+    assert "the evaluation plan's landscape" in skipped
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

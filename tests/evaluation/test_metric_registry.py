@@ -12,9 +12,10 @@ import json
 import pytest
 import torch
 
+from laplace_lab.evaluation import EvalData, EvaluationPlan, run_evaluation
 from laplace_lab.evaluation import metric_registry as R
 from laplace_lab.evaluation import metrics as M
-from laplace_lab.evaluation import run_evaluation
+from laplace_lab.evaluation.options import evaluation_config
 from laplace_lab.evaluation.summary import format_summary
 from laplace_lab.reporting import model_selection, tables
 from tests.reporting.test_tables import make_job
@@ -35,8 +36,9 @@ SMALL = {"n_bins": 10, "progress": False, "ood": {"enabled": False}, "shift": {"
 def test_a_metric_declared_in_one_place_is_in_the_run_the_summary_and_the_sweep_table(tmp_path, image_setup):
     model, predictors, test_loader, ood_loaders = image_setup
     with R.registered(TOP2):
-        metrics = run_evaluation(SMALL, "classification", predictors, test_loader, ood_loaders, model,
-                                 tmp_path / "out")
+        plan = EvaluationPlan(evaluation_config(SMALL), "classification", predictors,
+                              EvalData(test_loader, ood_loaders), attack_model=model, out_dir=tmp_path / "out")
+        metrics = run_evaluation(plan)
         summary = format_summary(metrics)
         selection = model_selection.validate_spec({"score": "laplace/log_marglik", "candidates": ["model"],
                                                    "within": ["seed"], "targets": ["test/la/top2"]})

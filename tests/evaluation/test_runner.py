@@ -11,7 +11,14 @@ from pytorch_lightning.loggers import CSVLogger, WandbLogger
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from laplace_lab.evaluation import run_evaluation, toy2d_contours, validate_config
+from laplace_lab.evaluation import (
+    EvalData,
+    EvaluationPlan,
+    TargetUnits,
+    run_evaluation,
+    toy2d_contours,
+)
+from laplace_lab.evaluation.options import evaluation_config
 from laplace_lab.evaluation.predict import eval_mode
 
 SMALL = {
@@ -28,6 +35,12 @@ SMALL = {
 }
 
 
+def _plan(cfg, task, predictors, test_loader, attack_model=None, out_dir=".", **data) -> EvaluationPlan:
+    """A plan from a dict of options; ``data``: the other ``EvalData`` fields."""
+    return EvaluationPlan(evaluation_config(cfg), task, predictors, EvalData(test_loader, **data),
+                          attack_model=attack_model, out_dir=out_dir)
+
+
 def _png_ok(path):
     return path.exists() and path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
 
@@ -35,10 +48,11 @@ def _png_ok(path):
 def test_full_classification_run_logs_everywhere(tmp_path, image_setup):
     model, predictors, test_loader, ood_loaders = image_setup
     csv_logger = CSVLogger(tmp_path / "csv", name="run")
-    wandb_logger = WandbLogger(save_dir=str(tmp_path), offline=True, project="laplace-lab-test")
+    wandb_logger = WandbLogger(save_dir=str(tmp_path), offline=True, mode="offline", project="laplace-lab-test")
     out = tmp_path / "out"
-    metrics = run_evaluation(SMALL, "classification", predictors, test_loader, ood_loaders, model, out,
-                             logger=[csv_logger, wandb_logger], dataset="toy_images")
+    plan = _plan(SMALL, "classification", predictors, test_loader, model, out, ood_loaders=ood_loaders,
+                 dataset="toy_images")
+    metrics = run_evaluation(plan, logger=[csv_logger, wandb_logger])
     run_dir = wandb_logger.experiment.dir
     wandb_logger.experiment.finish()
 
@@ -105,9 +119,9 @@ def test_regression_run(tmp_path):
         return z @ w, torch.full((len(z), 1), 1e-3)
 
     loader = DataLoader(TensorDataset(x, ys), batch_size=64)
-    metrics = run_evaluation({"progress": False}, "regression", {"map": overconfident, "la": good}, loader,
-                             out_dir=tmp_path, logger=CSVLogger(tmp_path / "csv"),
-                             target_mean=float(y.mean()), target_std=sd)
+    plan = _plan({"progress": False}, "regression", {"map": overconfident, "la": good}, loader, out_dir=tmp_path,
+                 targets=TargetUnits(float(y.mean()), sd))
+    metrics = run_evaluation(plan, logger=CSVLogger(tmp_path / "csv"))
     names = ("ll", "rmse", "cov_50", "cov_90", "cov_95")
     assert set(metrics) == {f"test/{p}/{m}" for p in ("map", "la") for m in names} | {f"noise/test/{m}" for m in names}
     assert metrics["noise/test/ll"] > 0 and metrics["noise/test/rmse"] == 0.0  # same means: no RMSE difference
@@ -131,8 +145,8 @@ def test_toy2d_run(tmp_path):
         opt.step()
     preds = {"map": lambda z: torch.softmax(net(z), -1), "la": lambda z: torch.softmax(net(z) / 50, -1)}
     cfg = {"progress": False, "toy2d": {"enabled": True, "resolution": 25}}
-    metrics = run_evaluation(cfg, "classification", preds, DataLoader(TensorDataset(X, y), batch_size=50),
-                             attack_model=net, out_dir=tmp_path, input_range=None, toy_data=(X, y))
+    metrics = run_evaluation(_plan(cfg, "classification", preds, DataLoader(TensorDataset(X, y), batch_size=50),
+                                   net, tmp_path, input_range=None, toy_data=(X, y)))
     for name in ("toy2d_zoom_in", "toy2d_zoom_out", "reliability", "confidence_hist"):
         assert _png_ok(tmp_path / "figures" / f"{name}.png"), name
     assert metrics["toy2d/far/map/conf"] > 0.95 > metrics["toy2d/far/la/conf"]
@@ -149,33 +163,39 @@ def test_cifar10c_through_runner(tmp_path):
     test = DataLoader(TensorDataset(torch.rand(20, 3, 32, 32), torch.randint(0, 10, (20,))), batch_size=10)
     cfg = {"progress": False, "ood": {"enabled": False}, "shift": {"rotation": {"enabled": False},
                                                                    "cifar10c": {"severities": [1, 5]}}}
-    metrics = run_evaluation(cfg, "classification", preds, test, out_dir=tmp_path / "out", dataset="CIFAR-10",
-                             data_dir=str(tmp_path / "data"))
+    metrics = run_evaluation(_plan(cfg, "classification", preds, test, out_dir=tmp_path / "out", dataset="CIFAR-10",
+                                   data_dir=str(tmp_path / "data")))
     assert {"shift/c10c_s1/map/acc", "shift/c10c_s5/map/ece"} <= set(metrics)
     assert _png_ok(tmp_path / "out" / "figures" / "shift_cifar10c.png")
     with open(tmp_path / "out" / "tables" / "shift_cifar10c.csv") as f:
         assert len(list(csv.DictReader(f))) == 2 * 2  # corruptions x severities
     # without the files: skipped with the reason, no error
     out2 = tmp_path / "out2"
-    run_evaluation(cfg, "classification", preds, test, out_dir=out2, dataset="cifar10", data_dir=str(tmp_path))
+    run_evaluation(_plan(cfg, "classification", preds, test, out_dir=out2, dataset="cifar10", data_dir=str(tmp_path)))
     reason = json.loads((out2 / "eval_report.json").read_text())["skipped"]["shift/cifar10c"]
     assert "CIFAR-10-C not found" in reason
 
 
 def test_disabled_evaluation_writes_report(tmp_path, image_setup):
     _, predictors, test_loader, _ = image_setup
-    assert run_evaluation({"enabled": False}, "classification", predictors, test_loader, out_dir=tmp_path) == {}
+    assert run_evaluation(_plan({"enabled": False}, "classification", predictors, test_loader, out_dir=tmp_path)) == {}
     assert json.loads((tmp_path / "eval_report.json").read_text())["skipped"]["all"]
 
 
 def test_bad_inputs_raise(tmp_path, image_setup):
     model, predictors, test_loader, _ = image_setup
-    with pytest.raises(ValueError, match="task='segmentation' is not supported"):
-        run_evaluation({}, "segmentation", predictors, test_loader, out_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"task='segmentation' is not supported; allowed: \['classification', 'regression'\]"):
+        _plan({}, "segmentation", predictors, test_loader, out_dir=tmp_path)
+    with pytest.raises(ValueError, match="at least one predictor"):
+        _plan({}, "classification", {}, test_loader, out_dir=tmp_path)
+    with pytest.raises(ValueError, match=r"input_range=\(1, 0\) is not supported; allowed: \(low, high\) with low < high"):
+        _plan({}, "classification", predictors, test_loader, input_range=(1, 0))
+    with pytest.raises(TypeError, match="must be an EvalConfig"):
+        EvaluationPlan({"n_bins": 10}, "classification", predictors, EvalData(test_loader))
     with pytest.raises(ValueError, match="predictor 'logits'.*not logits"):
-        run_evaluation({"progress": False}, "classification", {"logits": model}, test_loader, out_dir=tmp_path)
+        run_evaluation(_plan({"progress": False}, "classification", {"logits": model}, test_loader, out_dir=tmp_path))
     with pytest.raises(ValueError, match=r"evaluation\.n_bins"):
-        validate_config({"n_bins": 0})
+        evaluation_config({"n_bins": 0})
 
 
 def test_toy2d_contours_needs_2d_inputs():
@@ -197,6 +217,6 @@ def test_runs_on_cuda(tmp_path, image_data):
     train, test = image_data
     model = make_mlp(0, train).cuda()
     predictors = {"map": lambda x: torch.softmax(model(x), -1), "la": TemperedSoftmax(model)}
-    metrics = run_evaluation(SMALL, "classification", predictors, DataLoader(test, batch_size=32), {}, model,
-                             tmp_path)  # device inferred from the model's parameters
+    plan = _plan(SMALL, "classification", predictors, DataLoader(test, batch_size=32), model, tmp_path)
+    metrics = run_evaluation(plan)  # device inferred from the model's parameters
     assert metrics["test/map/acc"] > 0.9 and "fgsm_self/eps_0.3/la/acc" in metrics

@@ -1,4 +1,4 @@
-"""The Immer et al. 2023 peer (``experiments/heteroscedastic/peer/heteroscedastic_nn_peer.py``): its
+"""The Immer et al. 2023 peer (``experiments/heteroscedastic_uci/peer/heteroscedastic_nn_peer.py``): its
 side=ours rows come from a ``heteroscedastic_uci`` jobs CSV, for the splits the authors' code runs."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from laplace_lab.reporting import peer_pairs
 from tests.conftest import load_script, write_jobs_csv
 
 ROOT = Path(__file__).resolve().parents[2]
-PEER = load_script(ROOT / "experiments" / "heteroscedastic" / "peer" / "heteroscedastic_nn_peer.py")
+PEER = load_script(ROOT / "experiments" / "heteroscedastic_uci" / "peer" / "heteroscedastic_nn_peer.py")
 METRICS = ("test/map/ll", "test/la/ll", "test/map/rmse", "test/la_het_mean/ll")
 
 

@@ -1,4 +1,4 @@
-"""experiments/immer2021/images250_lanes.py: its two lanes hold exactly the immer2021_images
+"""experiments/immer2021_images/images250_lanes.py: its two lanes hold exactly the immer2021_images
 preset's sweep plus the two smaller online-marglik candidates, and every job composes."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from laplace_lab.sweeps.run_only import job_dirname
 from tests.conftest import CONF_DIR, compose_config, load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-lanes = load_script(ROOT / "experiments" / "immer2021" / "images250_lanes.py")
+lanes = load_script(ROOT / "experiments" / "immer2021_images" / "images250_lanes.py")
 
 
 def _key(overrides: list[str]) -> tuple:
@@ -24,7 +24,7 @@ def _key(overrides: list[str]) -> tuple:
 
 
 def test_the_lanes_are_the_preset_sweep_plus_the_candidates():
-    params = yaml.safe_load((CONF_DIR / "experiment" / "immer2021_images.yaml").read_text())["hydra"]["sweeper"]["params"]
+    params = yaml.safe_load((CONF_DIR.parent / "experiments" / "immer2021_images" / "preset.yaml").read_text())["hydra"]["sweeper"]["params"]
     grid = {(d, m, None, meth, int(s)) for d, m, meth, s in itertools.product(
         *(params[k].split(",") for k in ("data", "model", "method", "seed")))}
     candidates = {(d, "mlp", w, "online_kron", s) for d in lanes.DATA for w in ("[50]", "[100,100]") for s in lanes.SEEDS}

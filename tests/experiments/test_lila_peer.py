@@ -1,4 +1,4 @@
-"""The LILA peer (``experiments/immer2022_invariance/peer/lila_peer.py``): its committed command
+"""The LILA peer (``experiments/immer2022_invariance_cpu/peer/lila_peer.py``): its committed command
 lines hold no machine path, the authors' flags follow our CPU cut, and its side=ours rows come
 from the jobs CSV (modes none and learned, never fixed)."""
 
@@ -11,7 +11,7 @@ from laplace_lab.reporting import peer_pairs
 from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
-PEER = load_script(ROOT / "experiments" / "immer2022_invariance" / "peer" / "lila_peer.py")
+PEER = load_script(ROOT / "experiments" / "immer2022_invariance_cpu" / "peer" / "lila_peer.py")
 
 
 def test_shown_argv_hides_machine_paths():

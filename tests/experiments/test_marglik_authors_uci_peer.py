@@ -1,4 +1,4 @@
-"""The Immer et al. 2021 UCI peer that runs the paper's code (``experiments/immer2021/peer/marglik_authors_uci.py``,
+"""The Immer et al. 2021 UCI peer that runs the paper's code (``experiments/immer2021_uci/peer/marglik_authors_uci.py``,
 aleximmer/marglik's ``marglik_optimization``): its recipe is the ``immer2021_uci`` preset's, it hands
 that recipe and a full-GGN Laplace to the function of the checkout it is given, and its side=ours rows
 come from a jobs CSV."""
@@ -18,7 +18,7 @@ from laplace_lab.reporting import peer_pairs
 from tests.conftest import compose_config, load_script, write_jobs_csv
 
 ROOT = Path(__file__).resolve().parents[2]
-PEER = load_script(ROOT / "experiments" / "immer2021" / "peer" / "marglik_authors_uci.py")
+PEER = load_script(ROOT / "experiments" / "immer2021_uci" / "peer" / "marglik_authors_uci.py")
 
 # A stand-in for aleximmer/marglik's marglik.py: records its call, fits the Laplace it is given.
 FAKE_MARGLIK = '''

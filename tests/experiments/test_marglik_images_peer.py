@@ -1,4 +1,4 @@
-"""The Immer et al. 2021 images peer (``experiments/immer2021/peer/marglik_images_peer.py``): the
+"""The Immer et al. 2021 images peer (``experiments/immer2021_images_peer_cut/peer/marglik_images_peer.py``): the
 preset our side runs has the cut and the marglik settings the peer script gives laplace-torch's
 ``marglik_training``, and its side=ours rows come from a jobs CSV."""
 
@@ -16,7 +16,7 @@ from laplace_lab.reporting import peer_pairs
 from tests.conftest import compose_config, load_script, write_jobs_csv
 
 ROOT = Path(__file__).resolve().parents[2]
-PEER = load_script(ROOT / "experiments" / "immer2021" / "peer" / "marglik_images_peer.py")
+PEER = load_script(ROOT / "experiments" / "immer2021_images_peer_cut" / "peer" / "marglik_images_peer.py")
 
 
 def test_peer_cut_preset_is_the_peer_scripts_recipe():
@@ -33,7 +33,7 @@ def test_peer_cut_preset_is_the_peer_scripts_recipe():
     assert cfg.marglik.early_stopping is True  # marglik_training returns the best-marglik network and prior
     assert cfg.prior.prior_precision == recipe["prior_prec_init"] and cfg.method_name == "online_kron"
     assert (cfg.curvature.hessian_structure, cfg.curvature.type, cfg.prior.structure) == ("kron", "ggn", "layerwise")
-    sweep = yaml.safe_load((ROOT / "conf" / "experiment" / "immer2021_images_peer_cut.yaml").read_text())
+    sweep = yaml.safe_load((ROOT / "experiments" / "immer2021_images_peer_cut" / "preset.yaml").read_text())
     assert set(sweep["hydra"]["sweeper"]["params"]["model"].split(",")) == set(PEER.MODELS)
 
 

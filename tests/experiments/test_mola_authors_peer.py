@@ -1,4 +1,4 @@
-"""experiments/eschenhagen2021/peer/run_authors_mola.py without the authors' code: a job's resolved
+"""experiments/eschenhagen2021_mnist_cpu/peer/run_authors_mola.py without the authors' code: a job's resolved
 config turned into member k's finds member k's MAP cache entry, members are written where uq.py
 loads them and in its layout, uq.py's configs are the authors' (MoLA at its fixed prior), the
 ensemble check stops on other networks, and both sides' rows pair in the peer CSV."""
@@ -22,7 +22,7 @@ from tests.conftest import load_script, run_config
 from tests.test_redux_authors_peer import authors_layout
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "experiments" / "eschenhagen2021" / "peer" / "run_authors_mola.py"
+SCRIPT = ROOT / "experiments" / "eschenhagen2021_mnist_cpu" / "peer" / "run_authors_mola.py"
 
 
 @pytest.fixture(scope="module")

@@ -16,13 +16,13 @@ from laplace_lab.reporting.peer_checkout import PeerCheckoutError, checkout_comm
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = {  # script, its repository option, the repository, the other required arguments
-    "lila": ("experiments/immer2022_invariance/peer/lila_peer.py", "--repo", "tychovdo/lila", ["--data-root", "."]),
-    "heteroscedastic": ("experiments/heteroscedastic/peer/heteroscedastic_nn_peer.py", "--repo",
+    "lila": ("experiments/immer2022_invariance_cpu/peer/lila_peer.py", "--repo", "tychovdo/lila", ["--data-root", "."]),
+    "heteroscedastic": ("experiments/heteroscedastic_uci/peer/heteroscedastic_nn_peer.py", "--repo",
                         "aleximmer/heteroscedastic-nn", ["--data-dir", "."]),
-    "redux": ("experiments/laplace_redux/peer/run_authors_uq.py", "--authors-repo", "runame/laplace-redux",
+    "redux": ("experiments/redux_mnist/peer/run_authors_uq.py", "--authors-repo", "runame/laplace-redux",
               ["--data-dir", ".", "--authors-python", "python", "--sweep-dir", "."]),
-    "marglik": ("experiments/immer2021/peer/marglik_authors_uci.py", "--repo", "aleximmer/marglik", []),
-    "mola": ("experiments/eschenhagen2021/peer/run_authors_mola.py", "--authors-repo", "runame/laplace-redux",
+    "marglik": ("experiments/immer2021_uci/peer/marglik_authors_uci.py", "--repo", "aleximmer/marglik", []),
+    "mola": ("experiments/eschenhagen2021_mnist_cpu/peer/run_authors_mola.py", "--authors-repo", "runame/laplace-redux",
              ["--data-dir", ".", "--authors-python", "python", "--sweep-dir", "."]),
 }
 

@@ -86,7 +86,7 @@ def test_redux_table2_is_the_authors_recipe():
         assert (cfg.prior.structure, cfg.method_name) == ("layerwise", method)
         assert cfg.trainer.accelerator == ("gpu" if structure == "full" else "auto"), method  # FULL: 15.8 GB P x P
         assert (cfg.predictive.pred_type, cfg.predictive.link_approx, cfg.predictive.n_samples) == ("glm", "mc", 100)
-    sweep = yaml.safe_load((CONF_DIR / "experiment" / "redux_table2.yaml").read_text())["hydra"]["sweeper"]["params"]
+    sweep = yaml.safe_load((CONF_DIR.parent / "experiments" / "redux_table2" / "preset.yaml").read_text())["hydra"]["sweeper"]["params"]
     assert (sweep["method"], sweep["seed"]) == ("online_diag,online_kron,online_full", "0,1,2")
 
 
@@ -100,7 +100,7 @@ def test_reference_file_matches_its_preset(path):
     ref = yaml.safe_load(path.read_text())
     presets = [ref["preset"]] if isinstance(ref["preset"], str) else ref["preset"]
     for name in presets:
-        assert (CONF_DIR / "experiment" / f"{name}.yaml").is_file(), f"{path}: preset {name!r} does not exist"
+        assert (CONF_DIR.parent / "experiments" / name / "preset.yaml").is_file(), f"{path}: preset {name!r} does not exist"
     aggregates = [compose_config([f"experiment={name}"]).aggregate for name in presets]
     metrics = set.intersection(*(set(a.metrics) for a in aggregates))  # every preset of the file has them
     group_by = set.intersection(*(set(a.group_by) for a in aggregates))
@@ -123,7 +123,7 @@ def test_reference_file_matches_its_preset(path):
 
 
 def _load_peer_script():
-    return load_script(ROOT / "experiments" / "immer2021" / "laplace_torch_reference.py")
+    return load_script(ROOT / "experiments" / "immer2021_uci" / "laplace_torch_reference.py")
 
 
 def test_peer_reference_script_runs_one_split(data_dir):
@@ -169,12 +169,12 @@ def test_mola_members_follow_the_redux_recipe():
 
 @pytest.mark.slow  # ~20 s: eigendecompositions of the 3073 x 3073 input factor of 3 x 32 x 32 fake images
 def test_images_peer_check_matches_laplace_torch(tmp_path):
-    """experiments/immer2021/laplace_torch_images_check.py on a small finished online_kron job
+    """experiments/immer2021_images_peer_cut/laplace_torch_images_check.py on a small finished online_kron job
     (fake images): our final Laplace and laplace-torch's KronLaplace agree."""
     from laplace_lab.train import run
     from tests.conftest import compose_config
 
-    check = load_script(ROOT / "experiments" / "immer2021" / "laplace_torch_images_check.py")
+    check = load_script(ROOT / "experiments" / "immer2021_images_peer_cut" / "laplace_torch_images_check.py")
     job = tmp_path / "job"
     run(compose_config(["data=fake_data", "model=mlp", "model.widths=[16]", "method=online_kron", "trainer.max_epochs=2",
                         "marglik.n_steps=5", "checkpoint.enabled=true", "logger=csv", "evaluation=none",

@@ -6,7 +6,7 @@ import pytest
 from hydra.errors import MissingConfigException
 
 import laplace_lab.training.build as build_mod
-import laplace_lab.training.fit as fit_mod
+import laplace_lab.training.loops as loops
 from laplace_lab.train import run
 from tests.conftest import compose_config
 
@@ -18,7 +18,8 @@ def no_training(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("training started before the error")
 
-    monkeypatch.setattr(fit_mod, "make_trainer", forbidden)
+    for loop in (loops.PlainLoop, loops.LightningLoop):
+        monkeypatch.setattr(loop, "make_trainer", forbidden)
 
 
 def test_unknown_model_group_option():

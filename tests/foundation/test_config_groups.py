@@ -12,7 +12,6 @@ from laplace_lab.config.instantiate import instantiate
 from laplace_lab.config.load import load_run_config
 from laplace_lab.reporting.run_loggers import build_loggers
 from laplace_lab.reporting.sweep_table import validate_aggregate
-from laplace_lab.training.loop_choice import trainer_kwargs
 from laplace_lab.training.schedules import scheduler_interval
 from tests.conftest import CONF_DIR, compose_config, run_config
 
@@ -53,13 +52,15 @@ def test_data_recipes_follow_their_data_option(recipe):
 
 
 def test_experiment_presets_compose():
-    presets = sorted((CONF_DIR / "experiment").glob("*.yaml"))
+    presets = sorted((CONF_DIR.parent / "experiments").glob("*/preset.yaml"))
     assert presets
     for preset in presets:
-        cfg = compose_config([f"experiment={preset.stem}"])
+        name = preset.parent.name
+        cfg = compose_config([f"experiment={name}"])
         OmegaConf.resolve(cfg)
         load_run_config(cfg)
-        assert cfg.experiment_name == preset.stem and cfg.aggregate.name == preset.stem
+        assert cfg.experiment_name == name and cfg.aggregate.name == name
+        assert cfg.logger.wandb.enabled, f"{name}: every preset logs to an offline W&B run"
         validate_aggregate(OmegaConf.to_container(cfg.aggregate))
 
 
@@ -104,7 +105,7 @@ def test_optimizer_and_scheduler_instantiate(group):
 def test_trainer_and_logger_instantiate(tmp_path):
     for f in sorted((CONF_DIR / "trainer").glob("*.yaml")):
         cfg = run_config([f"trainer={f.stem}", "trainer.accelerator=cpu"])
-        pl.Trainer(**trainer_kwargs(cfg), logger=False, enable_checkpointing=False)
+        pl.Trainer(**cfg.trainer.lightning_kwargs(), logger=False, enable_checkpointing=False)
     for f in sorted((CONF_DIR / "logger").glob("*.yaml")):
         cfg = run_config([f"logger={f.stem}", "logger.wandb.enabled=false"] if f.stem == "default" else [f"logger={f.stem}"])
         assert build_loggers(cfg, tmp_path)

@@ -6,9 +6,7 @@ job with nothing else edited."""
 
 from __future__ import annotations
 
-import importlib
 import sys
-import textwrap
 
 import pytest
 
@@ -18,7 +16,7 @@ from laplace_lab.config.load import load_run_config
 from laplace_lab.data.registry import data_class, data_modules
 from laplace_lab.train import run
 from laplace_lab.training.loop_choice import choose_loop, lightning_needs
-from tests.conftest import compose_config
+from tests.conftest import add_two_files, compose_config
 
 TARGET = "laplace_lab.data.line.LineDataModule"
 
@@ -66,15 +64,7 @@ FAST = ["trainer.max_epochs=1", "logger=csv", "trainer.enable_progress_bar=false
 @pytest.fixture
 def line_dataset(tmp_path, monkeypatch):
     """The two files of a new data set; returns the overrides that compose with it."""
-    package = tmp_path / "package"
-    package.mkdir()
-    (package / "line.py").write_text(textwrap.dedent(CLASS_FILE))
-    conf = tmp_path / "conf" / "data"
-    conf.mkdir(parents=True)
-    (conf / "line.yaml").write_text(textwrap.dedent(YAML_FILE))
-    monkeypatch.setattr(laplace_lab.data, "__path__", [*laplace_lab.data.__path__, str(package)])
-    importlib.invalidate_caches()
-    yield ["data=line", f"hydra.searchpath=[file://{tmp_path / 'conf'}]"]
+    yield add_two_files(tmp_path, monkeypatch, laplace_lab.data, "line", CLASS_FILE, "data", YAML_FILE)
     sys.modules.pop("laplace_lab.data.line", None)
 
 
@@ -82,7 +72,7 @@ def test_a_new_in_memory_dataset_is_a_class_and_a_yaml(line_dataset, tmp_path):
     cfg = compose_config([*line_dataset, *FAST])
     job = load_run_config(cfg)  # the target is allowed, its options read from its class
     assert job.data["slope"] == 3.0 and data_class(TARGET) is not None and TARGET in data_modules()
-    assert lightning_needs(job) == [] and choose_loop(job) == "plain"  # it declares in_memory
+    assert lightning_needs(job) == [] and choose_loop(job).name == "plain"  # it declares in_memory
     metrics = run(cfg, tmp_path / "run")
     assert metrics["test/map/rmse"] == metrics["test/map/rmse"] and (tmp_path / "run" / "metrics.json").exists()
 

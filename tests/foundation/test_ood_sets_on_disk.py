@@ -9,6 +9,7 @@ import logging
 import pytest
 
 from laplace_lab.training.build import build, ood_sets_used
+from laplace_lab.training.loops import PLAIN
 from tests.conftest import run_config
 
 
@@ -68,6 +69,6 @@ def test_a_run_without_ood_evaluation_does_not_look_for_the_sets(tmp_path, no_do
     run = run_config(["data=fake_data", "data.ood=[kmnist,emnist]", f"paths.data_dir={tmp_path}",
                       f"evaluation.ood.enabled={str(enabled).lower()}", "logger=csv"])
     with caplog.at_level(logging.INFO):
-        datamodule, _ = build(run, loop="plain")
+        datamodule, _ = build(run, loop=PLAIN)
     assert datamodule.ood_skipped == (["kmnist", "emnist"] if enabled else [])
     assert len(_warnings(caplog)) == (1 if enabled else 0)

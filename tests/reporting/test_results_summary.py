@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from laplace_lab.reporting import preset_table
 from laplace_lab.reporting import results_summary as rs
 
 RESULTS_CSV = """# table: toy
@@ -92,11 +93,19 @@ def test_table_reports_and_readme_take_their_verdicts_from_the_same_judge(tmp_pa
     text = reports[res / "toy.md"]
     assert text.startswith("# toy\n\nrows\n\n## Reference numbers\n") and text.endswith("\n## Figures\n\nf\n")
     assert "old verdicts" not in text and "| ood/conf [method_name=la] (conf) |" in text and "**misses**" in text
+    (exp / "toy").mkdir()
+    (exp / "toy" / "preset.yaml").write_text("# @package _global_\nexperiment_name: toy\naggregate: {name: toy}\n")
+    (exp / "toy" / "README.md").write_text("# Toy, Paper et al. 2021\n")
     readme = tmp_path / "README.md"
-    readme.write_text("| paper | command | jobs | cost | verdicts | folder |\n"
-                      "| Paper | `toy` | 3 | 1 s | stale words | [f](f/) |\n")
+    readme.write_text(f"intro\n{preset_table.BEGIN}\n| toy | stale words |\n{preset_table.END}\nend\n")
     out = rs.readme_text(readme, exp, res)
-    assert "| Paper | `toy` | 3 | 1 s | paper 1 of 3; claims 1 of 1; 1 misses; 1 not run | [f](f/) |" in out
+    row = ("| [`toy`](experiments/toy/) | Toy, Paper et al. 2021 | 1 | not run | - | "
+           "paper 1 of 3; claims 1 of 1; 1 misses; 1 not run |")
+    assert out == "\n".join(["intro", preset_table.BEGIN, preset_table.HEADER, preset_table.RULE, row,
+                             preset_table.END, "end"]) + "\n"
+    readme.write_text("no markers\n")
+    with pytest.raises(preset_table.PresetFolderError, match="lacks the preset table's markers"):
+        rs.readme_text(readme, exp, res)
 
 
 def test_unreadable_results_csv_names_file_line_and_column(tmp_path):

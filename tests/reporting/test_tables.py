@@ -18,6 +18,8 @@ from laplace_lab.reporting import provenance, tables
 from laplace_lab.reporting.sweep_table import SweepTable, validate_aggregate
 from laplace_lab.sweeps.callback import SweepSummary, summarize
 
+REAL_EXPERIMENTS = Path(tables.__file__).resolve().parents[3] / "experiments"
+
 # method -> seed -> metrics; "B" has one seed without test/la/nll
 VALUES = {
     ("mlp", "kron"): {0: {"test/map/acc": 0.91, "test/la/nll": 0.31}, 1: {"test/map/acc": 0.93, "test/la/nll": 0.27},
@@ -93,6 +95,9 @@ def repo(tmp_path, monkeypatch) -> Path:
     monkeypatch.setattr(provenance, "REPO_ROOT", root)
     monkeypatch.setattr(tables, "EXPERIMENTS_DIR", root / "experiments")
     monkeypatch.setattr(tables, "COMMITTED_RESULTS", root / "results")
+    for preset in sorted(REAL_EXPERIMENTS.glob("*/preset.yaml")):  # this repository's presets, untracked
+        (root / "experiments" / preset.parent.name).mkdir(parents=True)
+        shutil.copy(preset, root / "experiments" / preset.parent.name / "preset.yaml")
     return root
 
 
@@ -229,7 +234,8 @@ def test_model_selection_section_in_markdown(sweep, tmp_path):
 
 
 def test_cli_preset_takes_the_aggregate_block(sweep, tmp_path, capsys, repo):
-    sha = commit_files(repo, {"conf/experiment/redux_mnist.yaml": "x: 1\n"})
+    sha = commit_files(repo, {"experiments/redux_mnist/preset.yaml": (repo / "experiments" / "redux_mnist" /
+                                                                      "preset.yaml").read_text()})
     for job in finished_jobs(sweep):
         set_git(job, sha)
     out = tmp_path / "res"
@@ -247,8 +253,8 @@ def test_cli_preset_takes_the_aggregate_block(sweep, tmp_path, capsys, repo):
 
 
 def test_refuses_jobs_from_two_commits_unless_allow_mixed(sweep, tmp_path, repo):
-    a = commit_files(repo, {"conf/experiment/toy.yaml": "a: 1\n"})
-    b = commit_files(repo, {"conf/experiment/toy.yaml": "a: 2\n"})
+    a = commit_files(repo, {"experiments/toy/preset.yaml": "a: 1\n"})
+    b = commit_files(repo, {"experiments/toy/preset.yaml": "a: 2\n"})
     jobs = finished_jobs(sweep)
     for job in jobs:
         set_git(job, a)
@@ -269,7 +275,7 @@ def test_refuses_jobs_from_two_commits_unless_allow_mixed(sweep, tmp_path, repo)
 
 
 def test_refuses_dirty_or_unchecked_jobs(sweep, tmp_path, repo):
-    sha = commit_files(repo, {"conf/experiment/toy.yaml": "a: 1\n"})
+    sha = commit_files(repo, {"experiments/toy/preset.yaml": "a: 1\n"})
     jobs = finished_jobs(sweep)
     for job in jobs:
         set_git(job, sha)
@@ -286,11 +292,11 @@ def test_refuses_dirty_or_unchecked_jobs(sweep, tmp_path, repo):
 
 
 def test_refuses_a_commit_without_the_preset(sweep, tmp_path, repo):
-    before = commit_files(repo, {"conf/experiment/other.yaml": "a: 1\n"})
-    commit_files(repo, {"conf/experiment/toy.yaml": "a: 1\n"})
+    before = commit_files(repo, {"experiments/other/preset.yaml": "a: 1\n"})
+    commit_files(repo, {"experiments/toy/preset.yaml": "a: 1\n"})
     for job in finished_jobs(sweep):
         set_git(job, before)
-    with pytest.raises(tables.ProvenanceError, match=rf"commit {before} does not contain conf/experiment/toy.yaml"):
+    with pytest.raises(tables.ProvenanceError, match=rf"commit {before} does not contain experiments/toy/preset.yaml"):
         tables.aggregate([sweep], "toy", preset="toy", results_dir=tmp_path / "r")
     tables.aggregate([sweep], "toy", preset="other", results_dir=tmp_path / "r")  # it has that one
 
@@ -334,7 +340,8 @@ def test_git_state_leaves_ones_own_untracked_folder_out(tmp_path):
     (root / "scratch" / "deep" / "try.py").write_text("import laplace_lab\n")
     (root / "notes.md").write_text("mine\n")
     assert git_state(root)["dirty"] is False
-    for path in ("src/laplace_lab/new.py", "conf/experiment/mine.yaml", "laplace_helper.py"):
+    for path in ("src/laplace_lab/new.py", "conf/experiment/mine.yaml", "experiments/mine/preset.yaml",
+                 "experiments/mine/smoke.yaml", "laplace_helper.py"):
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text("x = 2\n")
         state = git_state(root)
@@ -449,7 +456,7 @@ def test_end_of_sweep_table_goes_into_the_sweep_folder_with_this_launch(sweep, t
     text = md.read_text()
     assert "runs: 4 finished jobs" in text  # the L0 job belongs to another launch
     # abc1234 is not a commit of the repository: stated in the header, not refused, at the end of a sweep
-    assert "provenance: NOT ONE CLEAN COMMIT" in text and "does not contain conf/experiment/toy.yaml" in text
+    assert "provenance: NOT ONE CLEAN COMMIT" in text and "does not contain experiments/toy/preset.yaml" in text
     assert "No `experiments/*/reference*.yaml` names preset `toy`: no verdicts." in text
 
 
@@ -569,7 +576,7 @@ def test_numbers_written_differently_are_one_group(tmp_path):
 
 
 def test_reference_section_from_the_preset_files(sweep, tmp_path, repo):
-    sha = commit_files(repo, {"conf/experiment/toy.yaml": "a: 1\n"})
+    sha = commit_files(repo, {"experiments/toy/preset.yaml": "a: 1\n"})
     for job in finished_jobs(sweep):
         set_git(job, sha)
     refs = {"preset": "toy", "references": [
@@ -594,13 +601,13 @@ def test_reference_section_from_the_preset_files(sweep, tmp_path, repo):
 
 
 def test_committed_reference_files_are_valid():
-    from laplace_lab.config import CONF_DIR
+    from laplace_lab.config.presets import EXPERIMENTS_DIR
     from laplace_lab.reporting.reference import load_reference
 
     for path in sorted((provenance.REPO_ROOT / "experiments").glob("*/reference*.yaml")):
         loaded = load_reference(path)
         for preset in loaded["presets"]:
-            assert (CONF_DIR / "experiment" / f"{preset}.yaml").is_file(), f"{path}: no such preset {preset}"
+            assert (EXPERIMENTS_DIR / preset / "preset.yaml").is_file(), f"{path}: no such preset {preset}"
 
 
 def test_cli_refuses_with_a_message_and_commits_results_only_when_asked(sweep, tmp_path, repo, preset_t, monkeypatch,

@@ -27,7 +27,7 @@ def require_plugin(module: str) -> None:
         pytest.skip(message)
 
 
-ENV = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "RAY_USAGE_STATS_ENABLED": "0", "HYDRA_FULL_ERROR": "1"}
+ENV = {"WANDB_MODE": "disabled", "WANDB_SILENT": "true", "RAY_USAGE_STATS_ENABLED": "0", "HYDRA_FULL_ERROR": "1"}
 
 
 def multirun_command(tmp_path: Path, *overrides: str, script: str | None = None) -> tuple[list[str], Path]:

@@ -54,8 +54,9 @@ def test_run_trains_fits_and_evaluates_on_the_trainer_device(tmp_path, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_laplace_fit_predictive_and_evaluation_keep_the_model_device(tmp_path, device):
-    from laplace_lab.train import evaluate
+    from laplace_lab.evaluation import run_evaluation
     from laplace_lab.training.build import build
+    from laplace_lab.training.eval_plan import evaluation_plan
     from laplace_lab.training.posthoc import fit_posthoc_laplace
     from laplace_lab.training.predictors import laplace_predictor, map_predictor
 
@@ -70,7 +71,7 @@ def test_laplace_fit_predictive_and_evaluation_keep_the_model_device(tmp_path, d
     for predict in (laplace_predictor(la, cfg.predictive), map_predictor(module)):
         probs = predict(x.to(device))
         assert probs.device.type == device and torch.allclose(probs.sum(-1), torch.ones(len(x), device=device))
-    metrics = evaluate(cfg, module, datamodule, la, [], tmp_path, step=0)
+    metrics = run_evaluation(evaluation_plan(cfg, module, datamodule, la, tmp_path), step=0)
     assert math.isfinite(metrics["test/la/nll"]) and math.isfinite(metrics["test/map/acc"])
     assert next(module.parameters()).device.type == device  # the evaluation left the model where it was
 

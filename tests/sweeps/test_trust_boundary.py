@@ -61,7 +61,8 @@ def test_loader_targets_are_refused_from_the_command_line(evil, tmp_path):
 
 def test_the_allowlist_names_no_prefix_and_covers_every_target_in_conf():
     assert all(not t.endswith(".") for t in safe_targets.allowed_targets())
-    in_conf = {line.split("_target_:")[1].strip() for p in (ROOT / "conf").rglob("*.yaml")
+    in_conf = {line.split("_target_:")[1].strip() for p in [*(ROOT / "conf").rglob("*.yaml"), *(ROOT / "experiments").glob("*/preset.yaml"),
+                                                              *(ROOT / "experiments").glob("*/smoke.yaml")]
                for line in p.read_text().splitlines() if "_target_:" in line}
     assert in_conf and in_conf <= safe_targets.allowed_targets(), in_conf - safe_targets.allowed_targets()
     with pytest.raises(ValueError, match="hydra.callbacks.x._target_='shutil.copyfile' is not allowed"):

@@ -24,7 +24,7 @@ def _history(records) -> dict:
 
 def test_offline_wandb_run_is_grouped_with_config_and_reliability_table(tmp_path):
     proc, sweep = multirun(tmp_path, "experiment_name=wbexp", "data=toy2d", "trainer=debug", "logger=default",
-                           "logger.wandb.enabled=true", "logger.wandb.tags=[sweep,ci]", "evaluation.ood.enabled=false",
+                           "logger.wandb.enabled=true", "logger.wandb.mode=offline", "logger.wandb.tags=[sweep,ci]", "evaluation.ood.enabled=false",
                            "evaluation.toy2d.enabled=false", "seed=0")
     assert proc.returncode == 0, proc.stderr[-3000:]
     (job,) = summary(sweep)["finished"]

@@ -13,6 +13,7 @@ from laplace_lab.training.invariance_marglik import (
     AugmentationMarglikCore,
     AugmentationMarglikOptions,
 )
+from laplace_lab.training.loops import PLAIN
 from laplace_lab.training.online_marglik import (
     FROM_MARGLIK,
     OnlineMarglikCore,
@@ -24,7 +25,7 @@ from tests.conftest import run_config
 def test_online_marglik_takes_its_options_from_the_config(tmp_path):
     run = run_config(["data=sinusoid", "marglik=online", "marglik.n_steps=7", "marglik.frequency=2",
                       "marglik.lr_hyp_min=0.01", "curvature=kron", "curvature.fit_batch_size=32", "prior=scalar"])
-    online, eta = build_callbacks(run, tmp_path, loop="plain")
+    online, eta = build_callbacks(run, tmp_path, loop=PLAIN)
     assert (type(online), type(eta)) == (OnlineMarglikCore, EpochETA)
     assert online.options == OnlineMarglikOptions(
         run.curvature.laplace_kwargs(), prior_structure="scalar", fit_batch_size=32,
@@ -36,7 +37,7 @@ def test_online_marglik_takes_its_options_from_the_config(tmp_path):
 def test_callbacks_the_run_does_not_use_are_left_out(tmp_path):
     run = run_config(["data=sinusoid"])  # marglik off, no augmentation
     assert OnlineMarglikOptions.from_run(run) is None and AugmentationMarglikOptions.from_run(run) is None
-    assert [type(cb) for cb in build_callbacks(run, tmp_path, loop="plain")] == [EpochETA]
+    assert [type(cb) for cb in build_callbacks(run, tmp_path, loop=PLAIN)] == [EpochETA]
 
 
 def test_augmentation_options_from_the_config():

@@ -1,5 +1,5 @@
 """A finished online-marglik job's final Laplace rebuilt from its folder (training/job_laplace.py),
-and experiments/immer2021/marglik_terms.py on it: the refit is the run's own Laplace."""
+and experiments/immer2021_uci/marglik_terms.py on it: the refit is the run's own Laplace."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_final_laplace_is_the_runs_laplace(job):
 
 
 def test_marglik_terms_script_recorded_and_refit(job, monkeypatch, capsys):
-    script = load_script(ROOT / "experiments" / "immer2021" / "marglik_terms.py")
+    script = load_script(ROOT / "experiments" / "immer2021_uci" / "marglik_terms.py")
     recorded, refit = script.job_terms(job), script.job_terms(job, refit=True)
     assert recorded["source"] == "recorded" and refit["source"] == "refit" and refit["params"] == 2 * 8 + 8 + 8 * 2 + 2
     for key in ("log_marglik", "log_lik", "log_det_ratio", "scatter", "occam"):

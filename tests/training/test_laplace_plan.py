@@ -12,6 +12,7 @@ from laplace_lab.laplace.plan import MemoryPlanError
 from laplace_lab.training import fit as training_fit
 from laplace_lab.training.build import build
 from laplace_lab.training.laplace_plan import check_run_laplace
+from laplace_lab.training.loops import PLAIN, PlainLoop
 from tests.conftest import run_config
 
 SINUSOID = ["data=sinusoid", "trainer.max_epochs=1", "logger=csv", "trainer.enable_progress_bar=false",
@@ -20,7 +21,7 @@ SINUSOID = ["data=sinusoid", "trainer.max_epochs=1", "logger=csv", "trainer.enab
 
 def test_run_logs_the_plan_of_its_laplace_in_one_line(caplog):
     run = run_config([*SINUSOID, "curvature.hessian_structure=kron", "curvature.subset_of_weights=all"])
-    datamodule, module = build(run, "plain")
+    datamodule, module = build(run, PLAIN)
     with caplog.at_level(logging.INFO, logger="laplace_lab.training.laplace_plan"):
         check_run_laplace(run, datamodule, module.model, module.likelihood)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Laplace plan:")]
@@ -29,10 +30,10 @@ def test_run_logs_the_plan_of_its_laplace_in_one_line(caplog):
 
 def test_impossible_laplace_refused_before_training(monkeypatch, tmp_path):
     monkeypatch.setattr(plan, "available_memory", lambda device: 1)
-    monkeypatch.setattr(training_fit, "make_trainer", lambda *a, **k: pytest.fail("training started"))
+    monkeypatch.setattr(PlainLoop, "make_trainer", lambda *a, **k: pytest.fail("training started"))
     run = run_config([*SINUSOID, "curvature.hessian_structure=full", "curvature.subset_of_weights=all"])
     with pytest.raises(MemoryPlanError, match="hessian_structure='full'"):
-        training_fit.train_map(run, tmp_path, [], "plain")
+        training_fit.train_map(run, tmp_path, [], PLAIN)
 
 
 def test_plan_command_prints_every_structure(capsys):
@@ -56,7 +57,7 @@ def test_gpu_run_is_planned_against_the_gpu_without_a_cpu_time_probe(monkeypatch
     monkeypatch.setattr(plan, "available_memory", lambda device: seen.append(str(device)) or 64 * 2**30)
     monkeypatch.setattr(plan, "probe_fit_time", lambda *a, **k: pytest.fail("timed on the CPU"))
     run = run_config([*SINUSOID, "curvature.hessian_structure=kron", "curvature.subset_of_weights=all"])
-    datamodule, module = build(run, "plain")
+    datamodule, module = build(run, PLAIN)
     with caplog.at_level(logging.INFO, logger="laplace_lab.training.laplace_plan"):
         check_run_laplace(run, datamodule, module.model, module.likelihood)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Laplace plan:")]

@@ -18,6 +18,7 @@ import torch
 
 from laplace_lab.train import run
 from laplace_lab.training.loop_choice import choose_loop
+from laplace_lab.training.loops import LIGHTNING, PLAIN
 from tests.conftest import CONF_DIR, compose_config, run_config
 
 ROOT = CONF_DIR.parent
@@ -70,8 +71,8 @@ def test_sinusoid_online_marglik_identical(extra, tmp_path):
     (["data=sinusoid", "logger=csv"], "plain"),
     (["data=uci", "logger=csv", "method=online_full"], "plain"),
     (["data=toy2d", "logger=csv", "trainer=cpu"], "plain"),
-    (["data=mnist"], "lightning"),  # the default logger group enables wandb (data_recipe/ turns it off for toy sets)
-    (["data=sinusoid", "logger.wandb.enabled=true"], "lightning"),
+    (["data=mnist"], "lightning"),
+    (["data=sinusoid", "logger.wandb.enabled=true", "logger.wandb.mode=offline"], "plain"),  # its own W&B logger
     (["data=sinusoid", "logger=csv", "checkpoint.enabled=true"], "lightning"),
     (["data=sinusoid", "logger=csv", "trainer.gradient_clip_val=1.0"], "lightning"),
     (["data=sinusoid", "logger=csv", "+trainer.accumulate_grad_batches=2"], "lightning"),
@@ -80,19 +81,19 @@ def test_sinusoid_online_marglik_identical(extra, tmp_path):
     (["data=sinusoid", "logger=csv", "trainer.loop=lightning"], "lightning"),
 ])
 def test_auto_picks_plain_only_where_it_runs_the_same(overrides, loop):
-    assert choose_loop(run_config(overrides)) == loop
+    assert choose_loop(run_config(overrides)).name == loop
 
 
 def test_auto_keeps_lightning_on_cuda(monkeypatch):
     """The plain loop's CUDA path is not compared with Lightning here: auto leaves CUDA runs to Lightning."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert choose_loop(run_config(["data=sinusoid", "logger=csv"])) == "lightning"
-    assert choose_loop(run_config(["data=sinusoid", "logger=csv", "trainer=cpu"])) == "plain"
+    assert choose_loop(run_config(["data=sinusoid", "logger=csv"])) is LIGHTNING
+    assert choose_loop(run_config(["data=sinusoid", "logger=csv", "trainer=cpu"])) is PLAIN
 
 
 def test_plain_refuses_what_needs_lightning(tmp_path):
-    with pytest.raises(ValueError, match=r"trainer.loop=plain.*logger.wandb.enabled=true"):
-        run(compose_config(["data=sinusoid", "logger.wandb.enabled=true", "trainer.loop=plain"]), tmp_path)
+    with pytest.raises(ValueError, match=r"trainer.loop=plain.*checkpoint.enabled"):
+        run(compose_config(["data=sinusoid", "checkpoint.enabled=true", "trainer.loop=plain"]), tmp_path)
     with pytest.raises(ValueError, match=r"trainer.loop='fast'.*allowed: \['auto', 'lightning', 'plain'\]"):
         run(compose_config(["data=sinusoid", "logger=csv", "trainer.loop=fast"]), tmp_path)
     assert not (tmp_path / "config_resolved.yaml").exists()  # both before any work

@@ -72,8 +72,10 @@ def run_ours(seed: int, epochs: int | None, hyper_steps: int | None, output_dir:
 
     from laplace_lab.config import CONF_DIR
     from laplace_lab.config.load import load_run_config
-    from laplace_lab.train import evaluate, set_cpu_modes
+    from laplace_lab.evaluation import run_evaluation
+    from laplace_lab.train import set_cpu_modes
     from laplace_lab.training import loop_choice
+    from laplace_lab.training.eval_plan import evaluation_plan
     from laplace_lab.training.fit import train_map
     from laplace_lab.training.posthoc import fit_posthoc_laplace
 
@@ -87,7 +89,7 @@ def run_ours(seed: int, epochs: int | None, hyper_steps: int | None, output_dir:
     module.to("cpu")
     la, la_metrics = fit_posthoc_laplace(job, module, datamodule)
     metrics.update(la_metrics)
-    metrics.update(evaluate(job, module, datamodule, la, [], output_dir, trainer.global_step))
+    metrics.update(run_evaluation(evaluation_plan(job, module, datamodule, la, output_dir), step=trainer.global_step))
     return metrics, module, datamodule
 
 

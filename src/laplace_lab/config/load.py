@@ -3,8 +3,8 @@ the typed ``schema.RunConfig``, before any data is loaded. Every bad value, unkn
 combination raises ``ValueError`` naming the option and the allowed values.
 
 Order: the whole-config checks and the constructor-typed groups (``values.check_values``), then each
-schema group (``fields.build``: unknown keys, types, ranges, choices), the evaluation group
-(``EvalConfig``), and last the combinations of options (``validation.check_combinations``).
+schema group (``fields.build``: unknown keys, types, ranges, choices; ``evaluation`` included), and last
+the combinations of options (``validation.check_combinations``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from laplace_lab.config.schema import (
     GROUPS,
     TRAINER_KEYS,
     CurvatureConfig,
+    LoggerConfig,
     RootOptions,
     RunConfig,
     TrainerConfig,
@@ -30,7 +31,7 @@ from laplace_lab.config.values import check_values
 # Root keys besides the options and groups: the callbacks, the preset's table and the sweep objective.
 ROOT_EXTRA = ("callbacks", "aggregate", "sweep_objective")
 WIRING_KEYS = ("_target_",)  # what a node that names an object holds (its options are in the groups)
-TARGET_GROUPS = ("data", "model", "optimizer", "lr_scheduler", "evaluation")
+TARGET_GROUPS = ("data", "model", "optimizer", "lr_scheduler")
 
 
 def resolved(cfg: Any) -> dict[str, Any]:
@@ -76,6 +77,15 @@ def _trainer(node: Mapping) -> TrainerConfig:
     return dataclasses.replace(build(TrainerConfig, node, "trainer"), extra=extra)
 
 
+def _logger(node: Mapping | None) -> LoggerConfig:
+    """``logger``; a ``config_resolved.yaml`` written before the loggers named their classes has
+    ``logger.csv: true|false``, read as ``logger.csv.enabled``."""
+    node = dict(node or {})
+    if isinstance(node.get("csv"), bool):
+        node["csv"] = {"enabled": node["csv"]}
+    return build(LoggerConfig, node, "logger")
+
+
 def _wiring(node: Any, path: str) -> dict:
     """A node that only names an object: ``{_target_: <callable>}`` (``module``, ``callbacks.<name>``)."""
     if not isinstance(node, Mapping) or not isinstance(node.get("_target_"), str):
@@ -99,7 +109,6 @@ def _callbacks(node: Any) -> dict[str, dict]:
 def load_run_config(cfg: Any) -> RunConfig:
     """The typed, validated config of one job (see the module docstring)."""
     from laplace_lab.config.validation import check_combinations
-    from laplace_lab.evaluation.config import validate_config as evaluation_config
 
     data, source = resolved(cfg), unresolved(cfg)
     check_paths(data)  # names that become paths, roots not empty
@@ -114,12 +123,13 @@ def load_run_config(cfg: Any) -> RunConfig:
             typed[name] = _curvature(node or {})
         elif name == "trainer":
             typed[name] = _trainer(node or {})
+        elif name == "logger":
+            typed[name] = _logger(node)
         else:
             typed[name] = build(cls, node, name)
     _wiring(options.module, "module")
     run = RunConfig(
         **{f.name: getattr(options, f.name) for f in dataclasses.fields(RootOptions)}, **typed,
-        evaluation=evaluation_config(data.get("evaluation")),
         data=data.get("data") or {}, model=data.get("model") or {}, optimizer=data.get("optimizer") or {},
         lr_scheduler=data.get("lr_scheduler") or None, aggregate=data.get("aggregate"),
         sweep_objective=data.get("sweep_objective"), callbacks=_callbacks(data.get("callbacks")), raw=data,

@@ -7,8 +7,8 @@ A ``REQUIRED`` option has no default: every option file of the group sets it (``
 differs. ``Spec.options`` names the option files whose node carries a key (``marglik/online`` has
 ``frequency``, ``marglik/off`` has not); the dataclass has every key, so code reads the default of a
 key its option does not carry. The ``_target_`` groups (``data``, ``model``, ``optimizer``,
-``lr_scheduler``) are typed by their constructors' signatures instead (``config.values``);
-``evaluation`` by ``evaluation.config.EvalConfig`` (the evaluation package's own schema).
+``lr_scheduler``) are typed by their constructors' signatures instead (``config.values``); the
+``evaluation`` group's dataclasses are in ``evaluation.options``.
 
 Adding an option to a group: one ``option(...)`` field here (and a yaml value only where a preset or
 an option file differs from the default).
@@ -16,11 +16,12 @@ an option file differs from the default).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from laplace_lab.config.fields import REQUIRED, group, option
-from laplace_lab.evaluation.config import EvalConfig
+from laplace_lab.evaluation.options import EvalConfig
 from laplace_lab.laplace.options import Likelihood, LinkApprox, PredType
 from laplace_lab.laplace.predictive import HET_APPROXES
 from laplace_lab.models.augmentation import TRANSFORMS
@@ -37,8 +38,39 @@ class PathsConfig:
     output_root: str = option("outputs", "str")  # Hydra run folders: config, CSV, wandb, figures
 
 
+# The loggers and the trainer name their classes by ``_target_`` (the node is that class's constructor
+# arguments, as in lightning-hydra-template; ``config.targets.SLOTS`` allows exactly these classes).
+# Our own switches (``enabled``, ``trainer.loop``) are not arguments; the run adds its own
+# (``save_dir``, the callbacks, ...). The plain loop runs the same options through its Lightning-free
+# stand-ins (``training.loops``: ``CSVMetricsLogger``, ``PlainTrainer``).
+CSV_LOGGER = "pytorch_lightning.loggers.CSVLogger"
+WANDB_LOGGER = "pytorch_lightning.loggers.WandbLogger"
+TRAINER = "pytorch_lightning.Trainer"
+NOT_ARGUMENTS = ("_target_", "enabled", "loop")  # keys of the logger and trainer nodes
+
+
+def constructor_arguments(node: Any) -> dict[str, Any]:
+    """The constructor arguments of a typed ``_target_`` node (a logger's, the trainer's): its
+    options but ``NOT_ARGUMENTS``, and the trainer's ``extra`` (further Lightning arguments)."""
+    out = {f.name: getattr(node, f.name) for f in dataclasses.fields(node)
+           if "spec" in f.metadata and f.name not in NOT_ARGUMENTS}
+    return {**out, **getattr(node, "extra", {})}
+
+
+@dataclass(frozen=True)
+class CsvLoggerConfig:
+    """``logger.csv``: the run's ``csv/metrics.csv`` (its folder and file name are the run's: the
+    reports read them there)."""
+
+    _target_: str = option(CSV_LOGGER, "str")
+    enabled: bool = option(True, "bool")
+
+
 @dataclass(frozen=True)
 class WandbConfig:
+    """``logger.wandb``: a wandb run in ``<run dir>/wandb`` (``reporting.run_loggers``)."""
+
+    _target_: str = option(WANDB_LOGGER, "str")
     enabled: bool = option(True, "bool")
     # offline | online | disabled: checked when the logger is built (the default follows the environment's
     # WANDB_MODE, which Lightning's offline logger sets to "dryrun" in its process)
@@ -54,7 +86,7 @@ class WandbConfig:
 class LoggerConfig:
     """``logger/``: CSV always; wandb offline unless ``WANDB_MODE=online`` or ``logger.wandb.mode=online``."""
 
-    csv: bool = option(True, "bool")
+    csv: CsvLoggerConfig = group(CsvLoggerConfig)
     wandb: WandbConfig = group(WandbConfig)
 
 
@@ -265,10 +297,12 @@ def _devices_ok(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    """``trainer/``: the keyword arguments of Lightning's ``Trainer`` (loggers and callbacks are added
-    by the run), except ``loop``: auto | lightning | plain (``training.loop_choice``). Other Trainer
-    arguments (``+trainer.<name>=...``) are checked against its signature and kept in ``extra``."""
+    """``trainer/``: the class of the trainer (``_target_``: Lightning's ``Trainer``) and its keyword
+    arguments (loggers and callbacks are added by the run), except ``loop``: auto | lightning | plain
+    (``training.loop_choice``). Other Trainer arguments (``+trainer.<name>=...``) are checked against
+    its signature and kept in ``extra``."""
 
+    _target_: str = option(TRAINER, "str")
     loop: str = option("auto", "str", choices=("auto", "lightning", "plain"))
     max_epochs: int | None = option(20, "int", low=1, nullable=True)
     accelerator: str = option("auto", "str")
@@ -287,14 +321,11 @@ class TrainerConfig:
     extra: dict = field(default_factory=dict)  # not a key: further Trainer arguments that are set
 
     def lightning_kwargs(self) -> dict[str, Any]:
-        """Lightning's ``Trainer`` arguments: every option but ``loop``."""
-        own = {k: getattr(self, k) for k in TRAINER_KEYS if k != "loop"}
-        return {**own, **self.extra}
+        """Lightning's ``Trainer`` arguments: every option but ``_target_`` and ``loop``."""
+        return constructor_arguments(self)
 
 
-TRAINER_KEYS = ("loop", "max_epochs", "accelerator", "devices", "strategy", "num_nodes", "deterministic",
-                "log_every_n_steps", "enable_progress_bar", "enable_model_summary", "gradient_clip_val", "limit_train_batches",
-                "limit_val_batches")
+TRAINER_KEYS = tuple(f.name for f in dataclasses.fields(TrainerConfig) if "spec" in f.metadata)  # its options
 
 
 @dataclass(frozen=True)
@@ -351,6 +382,7 @@ GROUPS: dict[str, tuple[type, tuple[str, ...] | None]] = {
     "predictive": (PredictiveConfig, None),
     "augmentation": (AugmentationConfig, ("none", "fixed", "learned")),
     "trainer": (TrainerConfig, None),
+    "evaluation": (EvalConfig, None),
 }
 
 

@@ -5,7 +5,8 @@ handler ``class`` or a ``()`` factory. Configs reach this package from the comma
 from a restored job's ``config_resolved.yaml`` and from Hydra's own node (``hydra.callbacks``, the
 launcher, the sweeper, ``hydra.job_logging`` / ``hydra.hydra_logging``), so every slot that can name
 a callable takes only the classes listed for that slot (``SLOTS``: "``model._target_`` takes one of
-[...]"; ``data``: the data modules of ``laplace_lab.data``, found by their class, ``data.registry``);
+[...]"; ``data`` and ``model``: the data modules of ``laplace_lab.data`` and the networks of
+``laplace_lab.models``, found by their class, ``data.registry`` and ``models.registry``);
 a ``_target_`` anywhere else is refused. No module prefix is allowed: ``torch.`` would admit
 ``torch.load`` (which unpickles a file), ``laplace_lab.`` would admit functions that copy or write files.
 
@@ -40,6 +41,7 @@ a ``_target_`` anywhere else is refused. No module prefix is allowed: ``torch.``
 from __future__ import annotations
 
 import functools
+import importlib
 import re
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
@@ -50,30 +52,31 @@ from hydra.errors import CompactHydraException
 from laplace_lab.config.paths import check_composed
 
 
-class DataModules(AbstractSet):
-    """The ``data`` slot's classes: every data module of ``laplace_lab.data`` (``data.registry``),
-    found by its class, so a new data set needs no entry here. Membership imports the named module
-    of that package only; iterating imports them all (for the allowed values of a message)."""
+class Registered(AbstractSet):
+    """A slot's classes found by their class: the ``REGISTRY`` (``io.declare.Registry``) of module
+    ``registry`` (``laplace_lab.data.registry``: every data module of ``laplace_lab.data``;
+    ``laplace_lab.models.registry``: every network of ``laplace_lab.models``), so a new one needs no
+    entry here. Membership imports the named module of that package only; iterating imports them
+    all (for the allowed values of a message)."""
+
+    def __init__(self, registry: str):
+        self.registry = registry
+
+    def _registry(self):
+        return importlib.import_module(self.registry).REGISTRY
 
     def __contains__(self, target: object) -> bool:
-        from laplace_lab.data.registry import data_class
-
-        return data_class(target) is not None
+        return self._registry().find(target) is not None
 
     def __iter__(self):
-        from laplace_lab.data.registry import data_modules
-
-        return iter(data_modules())
+        return iter(self._registry().classes())
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
 
 
-DATA_MODULES = DataModules()
-MODELS = frozenset({
-    "laplace_lab.models.MLP", "laplace_lab.models.LeNet", "laplace_lab.models.ResNet18",
-    "laplace_lab.models.WideResNet",
-})
+DATA_MODULES = Registered("laplace_lab.data.registry")
+MODELS = Registered("laplace_lab.models.registry")
 OPTIMIZERS = frozenset({"torch.optim.Adam", "torch.optim.AdamW", "torch.optim.SGD", "torch.optim.RMSprop"})
 SCHEDULERS = frozenset({
     "laplace_lab.training.schedules.StepwiseCosine",
@@ -106,6 +109,9 @@ SLOTS: dict[str, frozenset[str]] = {
     "optimizer": OPTIMIZERS,
     "lr_scheduler": SCHEDULERS,
     "module": frozenset({"laplace_lab.training.module.MAPCore"}),
+    "trainer": frozenset({"pytorch_lightning.Trainer"}),  # config.schema.TrainerConfig
+    "logger.csv": frozenset({"pytorch_lightning.loggers.CSVLogger"}),  # config.schema.LoggerConfig
+    "logger.wandb": frozenset({"pytorch_lightning.loggers.WandbLogger"}),
     "callbacks.*": TRAINING_CALLBACKS,
     "hydra.callbacks.*": HYDRA_CALLBACKS,
     "hydra.callbacks.*.aggregator": frozenset({"laplace_lab.reporting.sweep_table.SweepTable"}),
@@ -116,7 +122,7 @@ SLOTS: dict[str, frozenset[str]] = {
 
 
 def allowed_targets() -> frozenset[str]:
-    """Every class some slot takes (lists the data modules, which imports them: for messages and tests)."""
+    """Every class some slot takes (lists the data modules and networks, which imports them: for messages and tests)."""
     return frozenset().union(*SLOTS.values())
 
 

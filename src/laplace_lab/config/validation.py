@@ -15,7 +15,7 @@ from pathlib import Path
 from laplace_lab.config.interplay import check_interplay
 from laplace_lab.config.schema import RunConfig
 from laplace_lab.data.registry import data_modules, required_class
-from laplace_lab.evaluation.config import check_landscape_run
+from laplace_lab.evaluation.options import check_landscape_run
 from laplace_lab.laplace.predictive import check_nn_link
 from laplace_lab.laplace.spec import LaplaceSpec, hessian_structures, structure_class
 

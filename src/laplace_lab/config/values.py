@@ -7,12 +7,13 @@ data is loaded (``check_values``; ``config.load`` calls it before it builds the 
 - ``data``: its class declares its options (``LabDataModule.Options``: type, default, range or
   choices, once) and size limits (``check_sizes``: toy2d's classes, a fifth of an image set to
   validation); ``data.registry.check_data`` reads the node against them;
-- the other ``_target_`` groups (``model``, ``optimizer``, ``lr_scheduler``) and the Lightning
+- ``model``: the network's class declares its options the same way (``LabModel.Options``);
+  ``models.registry.check_model`` reads the node against them;
+- the other ``_target_`` groups (``optimizer``, ``lr_scheduler``) and the Lightning
   arguments of ``trainer``: their schema is the constructor's signature. No unknown keys, also when
   added with ``+`` (``+optimizer.lrr=0.1``); an option's type matches its defaults in
-  ``conf/<group>/*.yaml`` or the signature (``model.widths='50'`` is an error, not ``[5, 0]``); the
-  options of ``RANGES`` lie in their range, list entries too (``model.widths[*]``: ``[0]`` or
-  ``[-5]`` fail). The root keys and the other groups: ``config.schema``.
+  ``conf/<group>/*.yaml`` or the signature (``optimizer.lr='0.1'`` is an error); the
+  options of ``RANGES`` lie in their range. The root keys and the other groups: ``config.schema``.
 
 Each check raises ``ValueError`` naming the option and the allowed values.
 """
@@ -33,25 +34,23 @@ from laplace_lab.config import CONF_DIR
 from laplace_lab.config.targets import allowed_targets, check_targets
 from laplace_lab.data.registry import check_data
 from laplace_lab.io.fields import Spec, check, type_name
+from laplace_lab.models.registry import check_model
 
-# Groups typed by a constructor (data: by its class's Options; the other groups: config.schema);
-# trainer: Lightning's Trainer.
-CHECKED_GROUPS = ("model", "optimizer", "lr_scheduler", "trainer")
+# Groups typed by a constructor (data and model: by their class's Options; the other groups:
+# config.schema); trainer: Lightning's Trainer.
+CHECKED_GROUPS = ("optimizer", "lr_scheduler", "trainer")
 # Keys of ours inside a group whose other keys are a constructor's arguments (trainer: Lightning's Trainer).
 OWN_KEYS = {"trainer": ("loop",)}
 
 # Ranges of the options of the torch and Lightning targets (their classes are not ours to declare
-# them on; the data modules declare theirs on the class, the other groups in config.schema).
+# them on; the data modules and the networks declare theirs on the class, the other groups in
+# config.schema).
 RANGES: dict[str, Spec] = {
     "optimizer.lr": Spec("float", low=0, low_open=True, describe=" (the learning rate)"),
     "optimizer.momentum": Spec("float", low=0, high=1),
     "optimizer.eps": Spec("float", low=0, low_open=True),
     "lr_scheduler.T_max": Spec("int", low=1),
     "lr_scheduler.eta_min": Spec("float", low=0),
-    "model.widths[*]": Spec("int", low=1),
-    "model.width": Spec("int", low=1),
-    "model.depth": Spec("int", low=10),
-    "model.widen_factor": Spec("int", low=1),
     "trainer.check_val_every_n_epoch": Spec("int", low=1, nullable=True),  # a Trainer argument outside TrainerConfig
 }
 
@@ -83,21 +82,11 @@ def check_finite(data: Mapping) -> None:
             _fail(f"{key}={value} is not a finite number; allowed: finite values only (nan and inf are rejected)")
 
 
-def _ranged_values(data: Mapping, key: str):
-    """``(name, value)`` of option ``key``: one pair, or each entry of a list option (``key[*]``)."""
-    if not key.endswith("[*]"):
-        value, found = _select(data, key)
-        return [(key, value)] if found else []
-    value, found = _select(data, key[:-3])
-    if not found or not isinstance(value, (list, tuple)):
-        return []  # (a list option that is not a list: check_group_keys names its type)
-    return [(f"{key[:-3]}[{i}]", v) for i, v in enumerate(value)]
-
-
 def check_ranges(data: Mapping) -> None:
-    """The options of ``RANGES``: numbers (ints where ``int``) in their range (``key[*]``: each entry)."""
-    for pattern, spec in RANGES.items():
-        for key, value in _ranged_values(data, pattern):
+    """The options of ``RANGES``: numbers (ints where ``int``) in their range."""
+    for key, spec in RANGES.items():
+        value, found = _select(data, key)
+        if found:
             check(key, value, spec)
 
 
@@ -250,5 +239,7 @@ def check_values(data: Mapping) -> None:
     check_finite(data)
     if isinstance(data.get("data"), Mapping):
         check_data(data["data"])
+    if isinstance(data.get("model"), Mapping):
+        check_model(data["model"])
     check_group_keys(data)
     check_ranges(data)

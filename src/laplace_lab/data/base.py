@@ -22,14 +22,14 @@ from __future__ import annotations
 import functools
 import math
 import sys
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset, TensorDataset, random_split
 
-from laplace_lab.io.fields import build, option
+from laplace_lab.io.declare import Declared
+from laplace_lab.io.fields import option
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
@@ -113,17 +113,7 @@ def _lightning_variant(cls: type) -> type:
                 {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__})
 
 
-def _plain(value: Any) -> Any:
-    """``value`` with mappings as dicts and sequences as lists (Hydra hands list options over as
-    ``ListConfig``), so ``fields.build`` sees the plain kinds."""
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        return [_plain(v) for v in value]
-    return value
-
-
-class LabDataModule:
+class LabDataModule(Declared):
     """Base class: holds train/val/test datasets and builds their loaders.
 
     A data module declares what it is on the class; the config, the loop choice and the grid
@@ -150,17 +140,12 @@ class LabDataModule:
         num_workers: int = option(0, "int", low=0)
         seed: int = option(0, "int", low=0)
 
+    option_group = "data"  # ``read_options`` (``io.declare.Declared``): ``data.<option>`` in messages
     task: str = "classification"
     input_range: tuple[float, float] | None = None
     in_memory: ClassVar[bool] = False
     validation_option: ClassVar[str | None] = None
     images: ClassVar[bool] = False
-
-    @classmethod
-    def read_options(cls, options: Mapping[str, Any]) -> Options:
-        """``cls.Options`` from a ``data`` node's options (no ``_target_``); ``ValueError`` naming
-        ``data.<option>`` and the allowed values for an unknown key, a wrong type or a bad value."""
-        return build(cls.Options, _plain(dict(options)), "data")
 
     @classmethod
     def check_sizes(cls, options: Options) -> None:

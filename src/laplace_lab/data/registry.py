@@ -13,71 +13,46 @@ know about it is declared on the class (``LabDataModule``: ``Options``, ``in_mem
   package; for the allowed values of an error message).
 - ``check_data(node)``: a ``data`` node's options against its class (unknown keys, types, ranges,
   then the size limits), before any data loads; returns the typed ``Options``.
+
+The finding and the reading are ``io.declare``'s (``Registry``, ``Declared``), shared with the models.
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import pkgutil
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from laplace_lab.data.base import LabDataModule
+from laplace_lab.io.declare import Registry
 
 PACKAGE = __name__.rpartition(".")[0]  # laplace_lab.data
+REGISTRY = Registry(PACKAGE, LabDataModule, "data module")
 
 
 def target_of(cls: type) -> str:
     """The ``_target_`` that names data module ``cls``."""
-    package = importlib.import_module(PACKAGE)
-    if getattr(package, cls.__name__, None) is cls:
-        return f"{PACKAGE}.{cls.__name__}"
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _is_data_module(obj: Any) -> bool:
-    return (inspect.isclass(obj) and issubclass(obj, LabDataModule) and obj is not LabDataModule
-            and obj.__module__.startswith(f"{PACKAGE}."))
+    return REGISTRY.target_of(cls)
 
 
 def data_class(target: Any) -> type[LabDataModule] | None:
     """The data module ``target`` names (``target_of`` of it, exactly), else ``None``. Only modules
     of this package are imported."""
-    if not isinstance(target, str) or not target.startswith(f"{PACKAGE}."):
-        return None
-    module, _, name = target.rpartition(".")
-    try:
-        obj = getattr(importlib.import_module(module), name, None)
-    except ImportError:
-        return None
-    return obj if _is_data_module(obj) and target_of(obj) == target else None
+    return REGISTRY.find(target)
 
 
 def data_modules(where: Callable[[type[LabDataModule]], bool] = lambda cls: True) -> dict[str, type[LabDataModule]]:
     """``{target: class}`` of every data module of the package for which ``where(cls)`` holds."""
-    package = importlib.import_module(PACKAGE)
-    found = {}
-    for info in pkgutil.iter_modules(package.__path__, f"{PACKAGE}."):
-        module = importlib.import_module(info.name)
-        for obj in vars(module).values():
-            if _is_data_module(obj) and obj.__module__ == module.__name__ and where(obj):
-                found[target_of(obj)] = obj
-    return dict(sorted(found.items()))
+    return REGISTRY.classes(where)
 
 
 def required_class(node: Mapping[str, Any]) -> type[LabDataModule]:
     """The class of a ``data`` node whose ``_target_`` passed ``config.targets`` (``ValueError`` otherwise)."""
-    cls = data_class(node.get("_target_"))
-    if cls is None:
-        raise ValueError(f"data._target_={node.get('_target_')!r} is not a data module; allowed: {list(data_modules())}")
-    return cls
+    return REGISTRY.required(node)
 
 
 def check_data(node: Mapping[str, Any]) -> LabDataModule.Options:
     """The options of a ``data`` node (keys other than ``_target_``-like ``_x_``) read into its class's
     ``Options`` and checked against its size limits; ``ValueError`` names the option."""
-    cls = required_class(node)
-    options = cls.read_options({k: v for k, v in node.items() if not (str(k).startswith("_") and str(k).endswith("_"))})
-    cls.check_sizes(options)
+    options = REGISTRY.check(node)
+    REGISTRY.required(node).check_sizes(options)
     return options

@@ -31,36 +31,39 @@ Loggers
 
 Entry point
 -----------
-``run_evaluation(cfg, task, predictors, test_loader, ood_loaders, attack_model, out_dir,
-logger=..., **kw) -> {key: float}`` with keys ``<section>/<view>/<predictor>/<metric>``
-(``test/<predictor>/<metric>``); the full key table is in ``runner``'s docstring. Call
-``validate_config(cfg.evaluation)`` when the config is composed to fail early on bad values.
+``run_evaluation(plan, logger=..., step=..., device=..., on_eta=...) -> {key: float}`` with keys
+``<section>/<view>/<predictor>/<metric>`` (``test/<predictor>/<metric>``); the full key table is in
+``runner``'s docstring. ``plan`` is an ``EvaluationPlan`` (``plan``): the options (an ``EvalConfig``,
+declared with their defaults and ranges in ``evaluation.options`` and checked when the
+run's config is read), the task, the predictors, the rows (``EvalData``) and the output folder.
 
-Example (``train.py``, after fitting)::
+Example (``training.eval_plan.evaluation_plan`` builds a run's plan)::
 
-    from laplace_lab.evaluation import run_evaluation, validate_config
-    eval_cfg = validate_config(cfg.evaluation)          # at compose time: fail early
+    from laplace_lab.evaluation.options import evaluation_config
+    from laplace_lab.evaluation import EvalData, EvaluationPlan, run_evaluation
     predictors = {"map": lambda x: model(x).softmax(-1),
                   "la": lambda x: la(x, pred_type="glm", link_approx="probit")}
-    metrics = run_evaluation(eval_cfg, dm.task, predictors, dm.test_dataloader(),
-                             dm.ood_dataloaders(), attack_model=model, out_dir=hydra_run_dir,
-                             logger=trainer.loggers, dataset=cfg.data.name,
-                             data_dir=cfg.paths.data_dir, input_range=dm.input_range,
-                             target_mean=dm.target_mean, target_std=dm.target_std)
+    data = EvalData(dm.test_dataloader(), dm.ood_dataloaders(), dataset="mnist",
+                    input_range=dm.input_range)
+    plan = EvaluationPlan(evaluation_config({"n_bins": 10}), "classification", predictors, data,
+                          attack_model=model, out_dir=run_dir)
+    metrics = run_evaluation(plan, logger=trainer.loggers)
 
-Landscape (``evaluation.landscape``, off by default): ``run_evaluation(..., landscape=
+Landscape (``evaluation.landscape``, off by default): ``EvaluationPlan(..., landscape=
 LandscapeInputs(la, train_set, test_set))`` draws the loss around the MAP beside the fitted
 Laplace's Gaussian (``landscape``, ``landscape_plots``, ``landscape_html``).
 
-Modules: ``config`` (validation), ``metrics`` (each declared once in ``metric_registry``), ``predict`` (running predictors), ``ood``,
-``shift``, ``adversarial``, ``toy2d``, ``plots``, ``landscape`` (+ ``_plots``, ``_html``),
-``report`` (loggers and files), ``runner``.
+Modules: ``plan`` (what to evaluate), ``metrics`` (each declared once in ``metric_registry``),
+``predict`` (running predictors), ``ood``, ``shift``, ``adversarial``, ``toy2d``, ``plots``,
+``landscape`` (+ ``_plots``, ``_html``), ``report`` (loggers and files), ``runner``.
 """
 
 from laplace_lab import lazy_attributes
-from laplace_lab.evaluation.config import EvalConfig, validate_config
+from laplace_lab.evaluation.options import EvalConfig, evaluation_config
+from laplace_lab.evaluation.plan import EvalData, EvaluationPlan, LandscapeInputs, TargetUnits
 
-__all__ = ["EvalConfig", "metric_key", "run_evaluation", "toy2d_contours", "validate_config"]
+__all__ = ["EvalConfig", "EvalData", "EvaluationPlan", "LandscapeInputs", "TargetUnits", "evaluation_config",
+           "metric_key", "run_evaluation", "toy2d_contours"]
 # ``runner`` / ``toy2d`` names on first use (they import pandas and matplotlib)
 __getattr__ = lazy_attributes(__name__, {"metric_key": "laplace_lab.evaluation.runner",
                                          "run_evaluation": "laplace_lab.evaluation.runner",

@@ -1,16 +1,23 @@
 """Names a reader understands, for figure titles and the console summary: the data set of a run
-(``dataset_label``), its Laplace predictive (``laplace_label``), both (``run_label``) and the
-predictors (``PREDICTORS``)."""
+(``dataset_label``), its Laplace predictive (``laplace_label``), both with the seed and a sweep
+job's swept values (``run_label``) and the predictors (``PREDICTORS``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 # evaluation keys -> names on figures and in the summary
 PREDICTORS = {"map": "MAP", "la": "Laplace", "de": "deep ensemble", "mola": "MoLA"}
-STRUCTURES = {"kron": "KFAC", "diag": "diagonal", "full": "full", "lowrank": "low-rank"}
 LINKS = {"probit": "probit", "mc": "MC", "bridge": "Laplace bridge", "bridge_norm": "Laplace bridge (normalised)"}
+
+
+def structure_label(name: Any) -> str:
+    """A posterior structure's name for readers (its class's ``label``: ``kron`` -> ``KFAC``);
+    a name no structure has, unchanged."""
+    from laplace_lab.laplace.spec import hessian_structures, structure_class
+
+    return (structure_class(name).label or name) if name in hessian_structures() else str(name)
 
 
 def predictor_label(name: str) -> str:
@@ -38,7 +45,7 @@ def laplace_label(cfg: Mapping[str, Any], likelihood: str = "classification") ->
     (Gaussian regression's GLM predictive: ``closed form``, see ``training.predictors``)."""
     curvature, predictive = cfg.get("curvature") or {}, cfg.get("predictive") or {}
     subset = "last-layer" if curvature.get("subset_of_weights") == "last_layer" else "all-weights"
-    structure = STRUCTURES.get(curvature.get("hessian_structure"), curvature.get("hessian_structure"))
+    structure = structure_label(curvature.get("hessian_structure"))
     kind = str(curvature.get("type", "")).upper().replace("MC_FISHER", "MC-Fisher")
     pred = str(predictive.get("pred_type", "")).upper().replace("NN", "sampled-network")
     link = LINKS.get(predictive.get("link_approx"), predictive.get("link_approx"))
@@ -47,8 +54,16 @@ def laplace_label(cfg: Mapping[str, Any], likelihood: str = "classification") ->
     return f"{subset} {structure}-{kind}, {pred} predictive ({link})"
 
 
-def run_label(cfg: Mapping[str, Any], likelihood: str, with_laplace: bool) -> str:
-    """``toy2d moons; Laplace: last-layer KFAC-GGN, GLM predictive (MC)``, written on every figure,
-    from a run's resolved config (``with_laplace``: a post-hoc Laplace is fitted)."""
-    bayes = f"; Laplace: {laplace_label(cfg, likelihood)}" if with_laplace else ""
-    return f"{dataset_label(cfg.get('data') or {})}{bayes}"
+def run_label(cfg: Mapping[str, Any], likelihood: str, with_laplace: bool, swept: Sequence[str] = ()) -> str:
+    """``toy2d moons, seed 0; job: data.kind=moons; Laplace: last-layer KFAC-GGN, GLM predictive
+    (MC)``, written on every figure, from a run's resolved config (``with_laplace``: a post-hoc
+    Laplace is fitted; ``swept``: the ``key=value`` overrides of a multirun job, which name its
+    folder, the seed left out as it is named anyway; none: no "job" part)."""
+    seed = f", seed {cfg['seed']}" if cfg.get("seed") is not None else ""
+    values = [s for s in swept if s.split("=", 1)[0].lstrip("+~") != "seed"]
+    parts = [f"{dataset_label(cfg.get('data') or {})}{seed}"]
+    if values:
+        parts.append("job: " + ", ".join(values))
+    if with_laplace:
+        parts.append(f"Laplace: {laplace_label(cfg, likelihood)}")
+    return "; ".join(parts)

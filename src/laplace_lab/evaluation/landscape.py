@@ -51,7 +51,6 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -61,21 +60,10 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm import tqdm
 
-from laplace_lab.evaluation.config import LandscapeConfig
+from laplace_lab.evaluation.options import LandscapeConfig
 from laplace_lab.evaluation.predict import eval_mode
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class LandscapeInputs:
-    """What a landscape needs besides its config: a fitted ``laplace_lab.laplace.Laplace`` (its
-    model at the MAP) and the training and test rows (``(x, y)`` datasets)."""
-
-    la: Any
-    train_set: Dataset
-    test_set: Dataset
-
 
 # ============================================================================== directions
 def filter_normalized_direction(params: list[Tensor], generator: torch.Generator, biases: str = "zero") -> Tensor:

@@ -62,18 +62,26 @@ def _shown(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(predictor=df["predictor"].map(predictor_label)) if "predictor" in df else df
 
 
+def reliability_floor(bins: pd.DataFrame) -> float:
+    """Where the reliability diagram's confidence axis starts: 0.5 when no test point has a max
+    confidence below 1/2 (every binary predictor: the left half would be empty), else 0."""
+    confidence = bins.loc[bins["count"] > 0, "confidence"]
+    return 0.5 if len(confidence) and (confidence >= 0.5).all() else 0.0
+
+
 def reliability_diagram(bins: pd.DataFrame, ece: dict[str, float] | None = None, title: str = "") -> Figure:
     """The predictors overlaid: accuracy against mean confidence per non-empty bin, with the
     diagonal of perfect calibration (top), and the number of test points per bin (bottom, log
-    scale when a bin holds more than 100).
+    scale when a bin holds more than 100). The confidence axis starts at ``reliability_floor``.
 
     ``bins``: columns ``predictor, bin_center, accuracy, confidence, count``.
     """
     names = list(dict.fromkeys(bins["predictor"]))
     colors = palette(names)
+    lo = reliability_floor(bins)
     fig, axes = new_figure(2, 1, size=(4.4, 2.4), sharex=True, gridspec_kw={"height_ratios": [3, 1.2]})
     top, bottom = axes[0, 0], axes[1, 0]
-    top.plot([0, 1], [0, 1], "k--", linewidth=0.8, label="perfect calibration")
+    top.plot([lo, 1], [lo, 1], "k--", linewidth=0.8, label="perfect calibration")
     width = 1.0 / max(bins.groupby("predictor").size().max(), 1)
     for name in names:
         d = bins[(bins["predictor"] == name)]
@@ -82,9 +90,11 @@ def reliability_diagram(bins: pd.DataFrame, ece: dict[str, float] | None = None,
         top.plot(nonempty["confidence"], nonempty["accuracy"], marker="o", markersize=3.5, color=colors[name],
                  linewidth=1.4, label=label)
         bottom.step(d["bin_center"] + width / 2, d["count"], where="pre", color=colors[name], linewidth=1.2)
-    top.set(xlim=(0, 1), ylim=(0, 1.02), ylabel="accuracy")
+    accuracy = bins.loc[bins["count"] > 0, "accuracy"]
+    y_lo = min(lo, np.floor(10 * accuracy.min()) / 10) if len(accuracy) else lo
+    top.set(xlim=(lo, 1), ylim=(y_lo - 0.02, 1.02), ylabel="accuracy")  # room for points at the limits
     top.legend(loc="upper left", fontsize="small")
-    bottom.set(xlim=(0, 1), xlabel="confidence (bin mean)", ylabel="test points",
+    bottom.set(xlim=(lo, 1), xlabel="confidence (bin mean)", ylabel="test points",
                yscale="log" if bins["count"].max() > 100 else "linear")
     if title:
         fig.suptitle(title)

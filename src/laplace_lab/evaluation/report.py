@@ -7,8 +7,9 @@
   (config, skipped sections with reasons, figure and table names, wall time);
 - on ``finalize()``, logs the scalars with ``logger.log_metrics`` to every Lightning logger
   (``CSVLogger``, ``WandbLogger``, TensorBoard, ...; ``save()`` is called so the CSV is flushed),
-  and for a ``WandbLogger`` also the figures as ``wandb.Image`` under ``figures/<name>`` and the
-  tables as ``wandb.Table`` under ``tables/<name>``, in one ``wandb.log`` call.
+  and for a W&B logger (Lightning's ``WandbLogger`` or ``io.wandb_run.PlainWandbLogger``)
+  also the figures as ``wandb.Image`` under ``figures/<name>`` and the tables as ``wandb.Table``
+  under ``tables/<name>``, in one ``wandb.log`` call.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import csv
 import json
 import logging
 import math
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -26,12 +26,20 @@ from typing import Any
 import pandas as pd
 from matplotlib.figure import Figure
 
+from laplace_lab.io.wandb_run import is_wandb_logger
+
 log = logging.getLogger(__name__)
 
 
-def _is_wandb_logger(lg) -> bool:
-    loggers = sys.modules.get("pytorch_lightning.loggers")  # not imported: lg cannot be one (no import here)
-    return loggers is not None and isinstance(lg, loggers.WandbLogger)
+def fill_balanced(text: str, width: int) -> str:
+    """``text`` on as few lines of at most ``width`` characters as ``textwrap`` needs, the lines about
+    equally long (no last line of one short word, e.g. "(MC)"), words and hyphenated names kept whole."""
+    n_lines = len(textwrap.wrap(text, width, break_on_hyphens=False)) or 1
+    for w in range(-(-len(text) // n_lines), width + 1):
+        lines = textwrap.wrap(text, w, break_on_hyphens=False)
+        if len(lines) <= n_lines:
+            return "\n".join(lines)
+    return textwrap.fill(text, width, break_on_hyphens=False)
 
 
 class Reporter:
@@ -63,7 +71,7 @@ class Reporter:
         if self.label:  # every figure names the run's data set and Laplace predictive
             own = fig._suptitle.get_text() if fig._suptitle is not None else ""
             width = max(int(fig.get_figwidth() * 11), 30)
-            label = "\n".join(textwrap.fill(part, width) for part in self.label.split("; "))
+            label = "\n".join(fill_balanced(part, width) for part in self.label.split("; "))
             fig.suptitle(f"{label}\n{own}" if own else label, fontsize="medium")
         path = self.out_dir / "figures" / f"{name}.png"
         fig.savefig(path, dpi=110)
@@ -102,7 +110,7 @@ class Reporter:
         with open(self.out_dir / "eval_report.json", "w") as f:
             json.dump(report, f, indent=1)
         for lg in self.loggers:
-            if _is_wandb_logger(lg):
+            if is_wandb_logger(lg):
                 self._log_wandb(lg, metrics)
             else:
                 lg.log_metrics(metrics, step=self.step)

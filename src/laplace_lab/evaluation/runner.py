@@ -37,10 +37,10 @@ predictor on the same inputs; ``*_self`` attack each predictor itself
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -56,8 +56,6 @@ from laplace_lab.evaluation.adversarial import (
     confidence_max_attack,
     fgsm_sweep,
 )
-from laplace_lab.evaluation.config import EvalConfig, config_to_dict, validate_config
-from laplace_lab.evaluation.landscape import LandscapeInputs
 from laplace_lab.evaluation.noise import (
     classification_noise,
     mean_noise,
@@ -66,6 +64,7 @@ from laplace_lab.evaluation.noise import (
     regression_noise,
 )
 from laplace_lab.evaluation.ood import far_away, uniform_noise
+from laplace_lab.evaluation.plan import EvaluationPlan
 from laplace_lab.evaluation.predict import (
     eval_mode,
     limit,
@@ -81,7 +80,6 @@ from laplace_lab.evaluation.toy2d import toy2d_contours
 
 log = logging.getLogger(__name__)
 
-TASKS = ("classification", "regression")
 CURVE_METRICS = ("acc", "nll", "ece", "conf")
 ADV_METRICS = ("acc", "conf", "ece", "entropy")
 
@@ -112,12 +110,14 @@ def _norm_name(name: str | None) -> str:
 
 
 class _Context:
-    """What every section needs; built once by ``run_evaluation``."""
+    """What every section needs; built once by ``run_evaluation``. ``cfg``: the plan's options."""
 
-    def __init__(self, cfg: EvalConfig, predictors, rep: Reporter, device, input_range, rng):
-        self.cfg, self.predictors, self.rep, self.device = cfg, predictors, rep, device
-        self.input_range, self.rng = input_range, rng
-        self.on_eta: Callable[[float | None], None] | None = None  # the evaluation's ETA (run_evaluation)
+    def __init__(self, plan: EvaluationPlan, rep: Reporter, device, on_eta: Callable[[float | None], None] | None):
+        self.cfg, self.predictors, self.data = plan.config, plan.predictors, plan.data
+        self.attack_model, self.landscape = plan.attack_model, plan.landscape
+        self.rep, self.device, self.on_eta = rep, device, on_eta  # on_eta: the evaluation's ETA (run_evaluation)
+        self.input_range = plan.input_range()
+        self.rng = torch.Generator().manual_seed(plan.config.seed)
 
     def batches(self, loader, max_batches=None):
         mb = max_batches if max_batches is not None else self.cfg.max_test_batches
@@ -135,72 +135,37 @@ class _Context:
         return predict_probs(predictors or self.predictors, x, self.cfg.chunk_size, self.device, desc, False)
 
 
-def run_evaluation(cfg: Any, task: str, predictors: dict[str, Callable], test_loader: DataLoader,
-                   ood_loaders: dict[str, DataLoader] | None = None, attack_model: Callable | None = None,
-                   out_dir: str | Path = ".", logger: Any = None, *, target_mean=0.0, target_std=1.0,
-                   y_standardised: bool = True, dataset: str | None = None, data_dir: str | None = None,
-                   input_range: tuple[float, float] | None | str = "config", toy_data: tuple[Tensor, Tensor] | None = None,
-                   device: str | torch.device | None = None, step: int | None = None,
-                   landscape: LandscapeInputs | None = None, on_eta: Callable[[float | None], None] | None = None,
-                   label: str = "") -> dict[str, float]:
-    """Evaluate every predictor; log to ``logger`` (one Lightning logger or a list) and ``out_dir``.
+def run_evaluation(plan: EvaluationPlan, logger: Any = None, *, step: int | None = None,
+                   device: str | torch.device | None = None,
+                   on_eta: Callable[[float | None], None] | None = None) -> dict[str, float]:
+    """Evaluate every predictor of ``plan``; log to ``logger`` (one Lightning logger or a list) and
+    write into ``plan.out_dir``.
 
     Args:
-        cfg: the ``evaluation`` config node (validated here; see ``config.EvalConfig``).
-        task: ``"classification"`` or ``"regression"``.
-        predictors: ``{name: predictor}``; see the package docstring for the contract.
-        test_loader: in-distribution test ``(x, y)`` batches.
-        ood_loaders: ``{name: loader}`` of OOD test sets (labels unused).
-        attack_model: the network FGSM attacks (logits ``nn.Module`` or probs predictor); ``None``
-            uses ``predictors["map"]`` if present.
-        out_dir: where figures, tables and metric files go (the Hydra run directory).
-        target_mean, target_std: regression target standardisation (float or ``[O]``).
-        y_standardised: regression targets from ``test_loader`` are standardised (as the data
-            modules give them); ``False`` if they are in original units.
-        dataset: in-distribution dataset name (``cifar10`` enables CIFAR-10-C).
-        data_dir: data root for CIFAR-10-C (else ``evaluation.shift.cifar10c.data_dir``, else
-            ``$LAPLACE_LAB_DATA_DIR``, else ``data``).
-        input_range: valid input range ``(low, high)``, or ``None`` for unbounded inputs (the data
-            module's ``input_range``); the default ``"config"`` uses ``evaluation.input_range``.
-        toy_data: ``(X [N, 2], y [N])`` drawn on the toy contour plots (none: contours skipped).
-        device: where inputs are sent (default: the device of the first ``nn.Module`` parameter).
+        plan: what to evaluate (``plan.EvaluationPlan``: options, task, predictors, rows, output dir).
+        logger: Lightning logger(s) that receive the scalars (wandb ones also figures and tables).
         step: step passed to the loggers.
-        landscape: the fitted Laplace and the training / test rows for ``evaluation.landscape``
-            (``landscape.LandscapeInputs``); none: the landscape is skipped.
+        device: where inputs are sent (default: the device of the first ``nn.Module`` parameter).
         on_eta: receives the estimated seconds the evaluation has left (``timing.EvalTimer``).
-        label: the run's data set and Laplace predictive, written above every figure's title.
 
     Returns the flat dict of scalar metrics (also in ``<out_dir>/eval_metrics.json``).
     """
-    ecfg = validate_config(cfg)
-    if task not in TASKS:
-        raise ValueError(f"task={task!r} is not supported; allowed: {list(TASKS)}")
-    if not predictors:
-        raise ValueError("run_evaluation needs at least one predictor")
-    rep = Reporter(out_dir, logger, step, label=label)
-    if not ecfg.enabled:
+    cfg = plan.config
+    rep = Reporter(plan.out_dir, logger, step, label=plan.label)
+    if not cfg.enabled:
         rep.skip("all", "evaluation.enabled=false", warn=False)
-        return rep.finalize(config_to_dict(ecfg))
-    device = torch.device(device) if device is not None else _default_device(attack_model, predictors)
-    rng = torch.Generator().manual_seed(ecfg.seed)
-    if isinstance(input_range, str):
-        if input_range != "config":
-            raise ValueError(f"input_range={input_range!r}; allowed: (low, high), None or 'config'")
-        in_range = ecfg.input_range
-    else:
-        in_range = None if input_range is None else validate_config({"input_range": list(input_range)}).input_range
-    ctx = _Context(ecfg, predictors, rep, device, in_range, rng)
-    ctx.on_eta = on_eta
+        return rep.finalize(dataclasses.asdict(cfg))
+    device = torch.device(device) if device is not None else _default_device(plan.attack_model, plan.predictors)
+    ctx = _Context(plan, rep, device, on_eta)
     try:
-        with eval_mode(attack_model, *predictors.values()):
-            if task == "regression":
-                _regression(ctx, test_loader, target_mean, target_std, y_standardised)
+        with eval_mode(plan.attack_model, *plan.predictors.values()):
+            if plan.task == "regression":
+                _regression(ctx)
             else:
-                _classification(ctx, test_loader, ood_loaders or {}, attack_model, dataset, data_dir,
-                                toy_data)
-            _landscape(ctx, landscape, dataset)
+                _classification(ctx)
+            _landscape(ctx)
     finally:
-        result = rep.finalize(config_to_dict(ecfg))
+        result = rep.finalize(dataclasses.asdict(cfg))
     return result
 
 
@@ -214,10 +179,10 @@ def _loader_inputs(loader, max_batches: int | None) -> int:
     return n if max_batches is None or loader.batch_size is None else min(n, max_batches * loader.batch_size)
 
 
-def _plan(ctx: _Context, test_loader, ood_loaders, dataset, data_dir, toy_data, attack_model, kept,
-          n_test: int) -> EvalTimer:
+def _timer(ctx: _Context, kept, n_test: int) -> EvalTimer:
     """The sections still to run after the test pass, with the inputs each predicts (``EvalTimer``)."""
-    cfg, planned, other = ctx.cfg, {}, []
+    cfg, data, planned, other = ctx.cfg, ctx.data, {}, []
+    ood_loaders = data.ood_loaders or {}
     if cfg.ood.enabled:
         names = list(ood_loaders) if cfg.ood.datasets is None else list(cfg.ood.datasets)
         mb = cfg.ood.max_batches if cfg.ood.max_batches is not None else cfg.max_test_batches
@@ -227,26 +192,26 @@ def _plan(ctx: _Context, test_loader, ood_loaders, dataset, data_dir, toy_data, 
     rc = cfg.shift.rotation
     if rc.enabled and kept is not None and kept.ndim == 4:
         mb = rc.max_batches if rc.max_batches is not None else cfg.max_test_batches
-        planned["rotation"] = len(rc.angles) * (_loader_inputs(test_loader, mb) or n_test)
+        planned["rotation"] = len(rc.angles) * (_loader_inputs(data.test_loader, mb) or n_test)
     c = cfg.shift.cifar10c
-    if c.enabled and _norm_name(dataset) == "cifar10":
-        present, _ = cifar10c_status(c.data_dir or data_dir, c.corruptions)
+    if c.enabled and _norm_name(data.dataset) == "cifar10":
+        present, _ = cifar10c_status(c.data_dir or data.data_dir, c.corruptions)
         planned["cifar10c"] = len(present or []) * len(c.severities) * (c.max_items or 10000)
     if cfg.reliability_diagram:
         other.insert(0, "reliability diagram")
     if cfg.adversarial.enabled:
         other.append("adversarial")
-    if cfg.toy2d.enabled and toy_data is not None:
+    if cfg.toy2d.enabled and data.toy_data is not None:
         other.append("toy2d")
     return EvalTimer(planned, other, on_eta=ctx.on_eta)
 
 
-def _classification(ctx: _Context, test_loader, ood_loaders, attack_model, dataset, data_dir, toy_data):
+def _classification(ctx: _Context):
     cfg, rep = ctx.cfg, ctx.rep
     keep = max(cfg.ood.n_generated, 1)
     start = time.monotonic()
-    probs, y, kept = ctx.probs(ctx.batches(test_loader), "test", keep_inputs=keep)
-    timer = _plan(ctx, test_loader, ood_loaders, dataset, data_dir, toy_data, attack_model, kept, len(y))
+    probs, y, kept = ctx.probs(ctx.batches(ctx.data.test_loader), "test", keep_inputs=keep)
+    timer = _timer(ctx, kept, len(y))
     timer.test_done(time.monotonic() - start, len(y))
     n_classes = next(iter(probs.values())).shape[1]
     bins, ece = [], {}
@@ -266,19 +231,20 @@ def _classification(ctx: _Context, test_loader, ood_loaders, attack_model, datas
             rep.add_figure("reliability", plots.reliability_diagram(df, ece, f"reliability on the test set ({cfg.n_bins} bins)"))
 
     with timer.section("ood"):
-        _ood(ctx, probs, kept, ood_loaders, dataset)
+        _ood(ctx, probs, kept)
     with timer.section("rotation"):
-        _rotation(ctx, test_loader, kept)
+        _rotation(ctx, kept)
     with timer.section("cifar10c"):
-        _cifar10c(ctx, dataset, data_dir)
+        _cifar10c(ctx)
     with timer.section("adversarial"):
-        _adversarial(ctx, test_loader, attack_model, kept)
+        _adversarial(ctx, kept)
     with timer.section("toy2d"):
-        _toy2d(ctx, toy_data, n_classes)
+        _toy2d(ctx, n_classes)
 
 
-def _ood(ctx: _Context, probs_in, kept, ood_loaders, dataset):
+def _ood(ctx: _Context, probs_in, kept):
     cfg, rep = ctx.cfg, ctx.rep
+    ood_loaders, dataset = ctx.data.ood_loaders or {}, ctx.data.dataset
     if not cfg.ood.enabled:
         rep.skip("ood", "evaluation.ood.enabled=false", warn=False)
         return
@@ -329,7 +295,7 @@ def _ood(ctx: _Context, probs_in, kept, ood_loaders, dataset):
         pd.concat(conf_rows, ignore_index=True), "max confidence: test set against OOD sets", captions, n_classes))
 
 
-def _rotation(ctx: _Context, test_loader, kept):
+def _rotation(ctx: _Context, kept):
     cfg, rep = ctx.cfg, ctx.rep
     rc = cfg.shift.rotation
     if not rc.enabled:
@@ -340,28 +306,28 @@ def _rotation(ctx: _Context, test_loader, kept):
         return
     rows = []
     for angle in tqdm(rc.angles, desc="rotation", disable=not cfg.progress):
-        batches, total = ctx.batches(test_loader, rc.max_batches)
+        batches, total = ctx.batches(ctx.data.test_loader, rc.max_batches)
         probs, y, _ = ctx.probs((rotated_batches(batches, angle), total), f"rot {_num(angle)}", inner=True)
         for pname, p in probs.items():
             m = M.classification_metrics(p, y, cfg.n_bins)
             rep.add_metrics(_prefixed("shift", f"rot_{_num(angle)}", pname, m))
-            rows.append({"predictor": pname, "angle": angle, **m})
+            rows.append({"predictor": pname, "angle": float(angle), **m})
     df = pd.DataFrame(rows)
     rep.add_table("shift_rotation", df)
     rep.add_figure("shift_rotation", plots.metric_curves(df, "angle", CURVE_METRICS, "rotation (degrees)",
                                                          "rotated test set"))
 
 
-def _cifar10c(ctx: _Context, dataset, data_dir):
+def _cifar10c(ctx: _Context):
     cfg, rep = ctx.cfg, ctx.rep
-    c = cfg.shift.cifar10c
+    c, dataset = cfg.shift.cifar10c, ctx.data.dataset
     if not c.enabled:
         rep.skip("shift/cifar10c", "evaluation.shift.cifar10c.enabled=false", warn=False)
         return
     if _norm_name(dataset) != "cifar10":
         rep.skip("shift/cifar10c", f"in-distribution dataset is {dataset!r}, not cifar10", warn=False)
         return
-    root = c.data_dir or data_dir
+    root = c.data_dir or ctx.data.data_dir
     present, reason = cifar10c_status(root, c.corruptions)
     if not present:
         rep.skip("shift/cifar10c", reason)
@@ -387,8 +353,8 @@ def _cifar10c(ctx: _Context, dataset, data_dir):
 
 
 # ============================================================================== adversarial
-def _adversarial(ctx: _Context, test_loader, attack_model, kept):
-    cfg, rep = ctx.cfg, ctx.rep
+def _adversarial(ctx: _Context, kept):
+    cfg, rep, attack_model = ctx.cfg, ctx.rep, ctx.attack_model
     a = cfg.adversarial
     if not a.enabled:
         rep.skip("adversarial", "evaluation.adversarial.enabled=false", warn=False)
@@ -401,7 +367,7 @@ def _adversarial(ctx: _Context, test_loader, attack_model, kept):
         target = output = None
 
     def sweep(section, attacked, out, preds):
-        batches, total = ctx.batches(test_loader, a.max_batches)
+        batches, total = ctx.batches(ctx.data.test_loader, a.max_batches)
         probs, y = fgsm_sweep(attacked, out, preds, batches, a.epsilons, ctx.input_range, ctx.device,
                               desc=section, progress=cfg.progress, total=total)
         rows = []
@@ -483,8 +449,8 @@ def _confmax(ctx: _Context, target, output, kept):
 
 
 # ==================================================================================== toy 2-D
-def _toy2d(ctx: _Context, data, n_classes):
-    cfg, rep = ctx.cfg, ctx.rep
+def _toy2d(ctx: _Context, n_classes):
+    cfg, rep, data = ctx.cfg, ctx.rep, ctx.data.toy_data
     t = cfg.toy2d
     if not t.enabled:
         rep.skip("toy2d", "evaluation.toy2d.enabled=false", warn=False)
@@ -510,13 +476,13 @@ def _toy2d(ctx: _Context, data, n_classes):
 
 
 # ================================================================================ landscape
-def _landscape(ctx: _Context, inputs: LandscapeInputs | None, dataset: str | None):
-    cfg, rep = ctx.cfg, ctx.rep
+def _landscape(ctx: _Context):
+    cfg, rep, inputs, dataset = ctx.cfg, ctx.rep, ctx.landscape, ctx.data.dataset
     if not cfg.landscape.enabled:
         rep.skip("landscape", "evaluation.landscape.enabled=false", warn=False)
         return
     if inputs is None:
-        rep.skip("landscape", "no fitted Laplace and training rows given (run_evaluation's landscape=...)")
+        rep.skip("landscape", "no fitted Laplace and training rows given (the evaluation plan's landscape)")
         return
     from laplace_lab.evaluation import landscape, landscape_html, landscape_plots
 
@@ -534,9 +500,10 @@ def _landscape(ctx: _Context, inputs: LandscapeInputs | None, dataset: str | Non
 
 
 # =============================================================================== regression
-def _regression(ctx: _Context, test_loader, target_mean, target_std, y_standardised):
-    cfg, rep = ctx.cfg, ctx.rep
-    batches, total = ctx.batches(test_loader)
+def _regression(ctx: _Context):
+    cfg, rep, units = ctx.cfg, ctx.rep, ctx.data.targets
+    target_mean, target_std, y_standardised = units.mean, units.std, units.standardised
+    batches, total = ctx.batches(ctx.data.test_loader)
     outs, y, _ = run_predictors(ctx.predictors, batches, "regression", ctx.device, desc="test",
                                 progress=cfg.progress, total=total)
     rows = []

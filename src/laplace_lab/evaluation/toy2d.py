@@ -4,6 +4,8 @@ on the data and zoomed out (as in Kristiadi et al. 2020, Fig. 1, and BayesLaplac
 The zoomed-in box is the data's bounding box widened by ``margin`` times its range on each
 side; the zoomed-out box has the same centre and ``zoom_out`` times the zoomed-in side lengths.
 Far from the data a ReLU MAP network stays (over)confident while Laplace reverts towards 1/C.
+Each figure: one panel per predictor (x axis the first input coordinate, y the second), the
+training points on top, one legend for their classes below the panels, one colour bar.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from laplace_lab.evaluation.predict import predict_probs
 # seaborn's "bright" palette (class colours of the scatter, cycled beyond 10 classes)
 BRIGHT = ("#023eff", "#ff7c00", "#1ac938", "#e8000b", "#8b2be2",
           "#9f4800", "#f14cc1", "#a3a3a3", "#ffc400", "#00d7ff")
+AXIS_LABELS = ("input $x_1$", "input $x_2$")  # the two input coordinates of the toy data
 
 
 def _box(X: Tensor, margin: float, zoom: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
@@ -66,10 +69,14 @@ def _draw(xx, yy, values, X, y, class_index, n_classes, title) -> Figure:
         for c in range(n_classes):
             m = y == c
             ax.scatter(X[m, 0], X[m, 1], s=9, color=palette[c], marker=markers[c % len(markers)],
-                       edgecolor="black", linewidth=0.3)
-        ax.set(title=predictor_label(name), xlim=(xx.min(), xx.max()), ylim=(yy.min(), yy.max()))
+                       edgecolor="black", linewidth=0.3, label=f"class {c} (training)")
+        ax.set(title=predictor_label(name), xlim=(xx.min(), xx.max()), ylim=(yy.min(), yy.max()),
+               xlabel=AXIS_LABELS[0], ylabel=AXIS_LABELS[1] if j == 0 else None)
     label = "max confidence" if class_index is None else f"p(class {class_index})"
     fig.colorbar(cs, ax=axes.ravel().tolist(), label=label, shrink=0.9, format="%.2f")
+    handles, labels = axes[0, 0].get_legend_handles_labels()  # the same classes in every panel: one legend
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(n_classes, 5), fontsize="small",
+               frameon=False)
     fig.suptitle(title)
     return fig
 

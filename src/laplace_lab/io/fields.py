@@ -30,8 +30,10 @@ class Spec:
 
     ``kind``: ``bool`` | ``int`` | ``float`` (ints accepted) | ``str`` | ``list`` | ``dict`` | ``any``;
     ``low``/``high`` (``low_open``: ``> low``; ``high_open``: ``< high``), ``nullable``, ``choices`` (a
-    list's: of each entry); ``items``: the kind of a
-    list's entries (``int`` | ``str``); ``describe``: shown after the name (``" (the learning rate)"``);
+    list's: of each entry); ``items``: the kind of a list's entries (``int`` | ``float`` (ints accepted) |
+    ``str``), numbers each within ``low``/``high``; ``nonempty``: a list needs at least one entry;
+    ``indexed``: a list's entry out of range is named ``<name>[i]`` (default: ``<name> entries``);
+    ``describe``: shown after the name (``" (the learning rate)"``);
     ``options``: the group options whose config file carries the key (None: all of them, see
     ``config.store``); ``message``: a fixed message for a bad value (``{name}`` and ``{value}``);
     ``accepts``: a predicate for what the kinds cannot state (``any`` of a union, e.g. ``trainer.devices``),
@@ -46,6 +48,8 @@ class Spec:
     nullable: bool = False
     choices: tuple | None = None
     items: str | None = None
+    nonempty: bool = False
+    indexed: bool = False
     describe: str = ""
     options: tuple[str, ...] | None = None
     message: str | None = None
@@ -124,11 +128,29 @@ def check(name: str, value: Any, spec: Spec) -> Any:
     for entry in value if spec.kind == "list" else (value,):  # a list's choices: of each entry
         if spec.choices is not None and entry not in spec.choices:
             _fail(f"{name}={entry!r} is not supported; allowed: {list(spec.choices)}")
-    if spec.kind == "list" and spec.items == "int":
-        bad = [e for e in value if not (isinstance(e, int) and not isinstance(e, bool))]
-        if bad:
-            _fail(f"{name}={list(value)!r} must be a list of integers; got entries {bad}")
+    if spec.kind == "list":
+        _check_entries(name, value, spec)
     return value
+
+
+ENTRY_NAMES = {"int": "integers", "float": "numbers", "str": "strings"}
+
+
+def _check_entries(name: str, value: list, spec: Spec) -> None:
+    """A list option's entries: their count, kind and (numbers) range."""
+    if spec.nonempty and not value:
+        _fail(f"{name}=[] must not be empty; allowed: a list of one or more {ENTRY_NAMES.get(spec.items, 'entries')}")
+    if spec.items is None:
+        return
+    is_kind = {"int": lambda e: isinstance(e, int) and not isinstance(e, bool), "float": _is_number,
+               "str": lambda e: isinstance(e, str)}[spec.items]
+    bad = [e for e in value if not is_kind(e)]
+    if bad:
+        _fail(f"{name}={list(value)!r} must be a list of {ENTRY_NAMES[spec.items]}; got entries {bad}")
+    if spec.items != "str":
+        entry = Spec(spec.items, low=spec.low, high=spec.high, low_open=spec.low_open, high_open=spec.high_open)
+        for i, e in enumerate(value):
+            _check_number(f"{name}[{i}]" if spec.indexed else f"{name} entries", e, entry)
 
 
 def _accepts(value: Any, spec: Spec) -> bool:

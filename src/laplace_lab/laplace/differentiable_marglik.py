@@ -20,7 +20,7 @@ a layer sees output gradients ``g`` ``[K, N S, ...]`` (each carrying the ``1/S``
   equals the engine's KFAC of the plain network (tested), and it shrinks as the samples decorrelate,
   which is the Occam effect invariance learning rests on. Same normalisation as the authors' code
   (mean over the samples in ``A``, sum in ``G``, ``A`` divided by the data count: see
-  experiments/immer2022_invariance/README.md); for one datum and one linear layer it is the exact
+  experiments/immer2022_invariance_cpu/README.md); for one datum and one linear layer it is the exact
   GGN / EF block of the averaged model (tested against a dense ``torch.func`` float64 reference).
 - ``kron_expand``: the engine's convention applied to the ``N S`` augmented rows as if they were
   weight-sharing positions (what ``Laplace.fit`` computes for the same ``AugmentedModel``; tested

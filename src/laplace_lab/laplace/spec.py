@@ -16,11 +16,12 @@ LAYERWISE_EXPANDED = {"normgroups": "layerwise"}  # priors the structures see in
 
 
 def hessian_structures() -> tuple[str, ...]:
-    """Registered structure names (importing the engine registers the built-in ones)."""
+    """Registered structure names (importing the engine registers the built-in ones; a module new on
+    the ``structures`` package's path is imported by ``structures.discover``)."""
     import laplace_lab.laplace  # noqa: F401  (registers full, diag, kron, lowrank)
-    from laplace_lab.laplace.structures import STRUCTURES
+    from laplace_lab.laplace.structures import discover
 
-    return tuple(STRUCTURES)
+    return discover()
 
 
 def structure_class(name: str):

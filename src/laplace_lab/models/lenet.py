@@ -3,30 +3,39 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from laplace_lab.models.mlp import make_activation
-from laplace_lab.models.norm import check_norm, make_norm
+from laplace_lab.io.fields import option
+from laplace_lab.models.base import LabModel
+from laplace_lab.models.mlp import ACTIVATIONS, make_activation
+from laplace_lab.models.norm import NORMS, make_norm
 
 
-class LeNet(nn.Sequential):
+class LeNet(LabModel, nn.Sequential):
     """conv(6,5) -> act -> pool2 -> conv(16,5) -> act -> pool2 -> fc120 -> act -> fc84 -> act -> fc.
 
     Args:
         input_shape: ``(channels, height, width)``, e.g. ``(1, 28, 28)`` or ``(3, 32, 32)``.
         num_outputs: number of classes.
-        activation: hidden activation name (see ``laplace_lab.models.mlp.ACTIVATIONS``).
-        norm: ``none`` (default: the network above) or ``batchnorm``: BatchNorm after every conv
-            and hidden fc, before the activation (those layers then have no bias).
+        *args, **options: ``Options`` (positional in its order, or by keyword): ``activation``, ``norm``.
     """
 
-    def __init__(self, input_shape: Sequence[int], num_outputs: int, activation: str = "relu",
-                 norm: str = "none"):
+    @dataclass(frozen=True)
+    class Options:
+        activation: str = option("relu", "str", choices=tuple(sorted(ACTIVATIONS)))  # hidden activation
+        # none: the network above | batchnorm: BatchNorm after every conv and hidden fc, before the
+        # activation (those layers then have no bias)
+        norm: str = option("none", "str", choices=NORMS)
+
+    def __init__(self, input_shape: Sequence[int], num_outputs: int, *args, **options):
+        o = self.bind_options(args, options)
+        activation, norm = o.activation, o.norm
         if len(input_shape) != 3:
             raise ValueError(f"LeNet needs image inputs (C, H, W); got input_shape={tuple(input_shape)}")
-        bias = check_norm(norm) == "none"
+        bias = norm == "none"
 
         def block(layer: nn.Module, width: int, dim: int) -> list[nn.Module]:
             return [layer, *([make_norm(norm, width, dim)] if not bias else []), make_activation(activation)]
@@ -47,3 +56,4 @@ class LeNet(nn.Sequential):
             *block(nn.Linear(120, 84, bias=bias), 84, 1),
             nn.Linear(84, num_outputs),
         )
+        self.options = o

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from laplace_lab.models.norm import make_norm
+from laplace_lab.io.fields import option
+from laplace_lab.models.base import LabModel
+from laplace_lab.models.norm import NORMS, make_norm
 
 
 class BasicBlock(nn.Module):
@@ -31,18 +34,25 @@ class BasicBlock(nn.Module):
         return torch.relu(out + self.shortcut(x))
 
 
-class ResNet18(nn.Module):
+class ResNet18(LabModel, nn.Module):
     """ResNet-18 for 32x32 inputs: stem, 4 stages of 2 blocks (widths w, 2w, 4w, 8w), GAP, linear.
 
     Args:
         input_shape: ``(C, H, W)``.
         num_outputs: number of classes.
-        width: stem width (64 in the standard network; smaller for CPU smoke runs).
-        norm: ``batchnorm`` or ``none``.
+        *args, **options: ``Options`` (positional in its order, or by keyword): ``width``, ``norm``.
     """
 
-    def __init__(self, input_shape: Sequence[int], num_outputs: int, width: int = 64, norm: str = "batchnorm"):
+    @dataclass(frozen=True)
+    class Options:
+        width: int = option(64, "int", low=1)  # stem width (64 in the standard network; smaller for CPU smoke runs)
+        norm: str = option("batchnorm", "str", choices=NORMS)
+
+    def __init__(self, input_shape: Sequence[int], num_outputs: int, *args, **options):
+        o = self.bind_options(args, options)
+        width, norm = o.width, o.norm
         super().__init__()
+        self.options = o
         self.stem = nn.Sequential(
             nn.Conv2d(input_shape[0], width, 3, 1, 1, bias=norm == "none"), make_norm(norm, width), nn.ReLU()
         )

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from laplace_lab.models.norm import make_norm
+from laplace_lab.io.fields import option
+from laplace_lab.models.base import LabModel
+from laplace_lab.models.norm import NORMS, make_norm
 
 
 class WideBlock(nn.Module):
@@ -29,26 +32,27 @@ class WideBlock(nn.Module):
         return out + self.shortcut(x)
 
 
-class WideResNet(nn.Module):
+class WideResNet(LabModel, nn.Module):
     """WRN-depth-widen: (depth - 4) / 6 blocks per stage, stage widths 16k, 32k, 64k.
 
     Args:
         input_shape: ``(C, H, W)``.
         num_outputs: number of classes.
-        depth: 6n + 4 (16 for WRN-16-4).
-        widen_factor: k (4 for WRN-16-4).
-        norm: ``batchnorm`` or ``none`` (the variant without normalisation).
+        *args, **options: ``Options`` (positional in its order, or by keyword): ``depth``,
+            ``widen_factor``, ``norm``.
     """
 
-    def __init__(
-        self,
-        input_shape: Sequence[int],
-        num_outputs: int,
-        depth: int = 16,
-        widen_factor: int = 4,
-        norm: str = "batchnorm",
-    ):
+    @dataclass(frozen=True)
+    class Options:
+        depth: int = option(16, "int", low=10)  # 6n + 4 (16 for WRN-16-4)
+        widen_factor: int = option(4, "int", low=1)  # k (4 for WRN-16-4)
+        norm: str = option("batchnorm", "str", choices=NORMS)  # or none: the variant without normalisation
+
+    def __init__(self, input_shape: Sequence[int], num_outputs: int, *args, **options):
+        o = self.bind_options(args, options)
+        depth, widen_factor, norm = o.depth, o.widen_factor, o.norm
         super().__init__()
+        self.options = o
         if (depth - 4) % 6 != 0:
             raise ValueError(f"model.depth must be 6n+4 (e.g. 10, 16, 22, 28); got {depth}")
         n = (depth - 4) // 6

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from laplace_lab.config.presets import PRESET_FILE
 from laplace_lab.sweeps import run_only
 from laplace_lab.sweeps.status import ENTRY, REPO_ROOT, read_launches
 
@@ -39,6 +40,12 @@ def commit_has_file(commit: str, path: str, repo_root: str | Path | None = None)
     return out.returncode == 0
 
 
+def preset_files(preset: str) -> tuple[str, str]:
+    """Where a commit holds preset ``preset``: its folder's ``preset.yaml``, or the one file
+    ``conf/experiment/<preset>.yaml`` of the commits before presets became folders."""
+    return f"experiments/{preset}/{PRESET_FILE}", f"conf/experiment/{preset}.yaml"
+
+
 def run_commit(run: Any) -> str:
     """The commit a run recorded, or ``UNRECORDED``."""
     return (run.status.get("git") or {}).get("commit") or UNRECORDED
@@ -46,8 +53,9 @@ def run_commit(run: Any) -> str:
 
 def commit_problems(runs: list, preset: str | None, repo_root: str | Path | None = None,
                     label: Callable[[Path], str] = str) -> list[str]:
-    """Why ``runs`` do not come from one clean commit containing ``conf/experiment/<preset>.yaml``
-    (``label`` shows a job folder)."""
+    """Why ``runs`` do not come from one clean commit containing the preset: ``experiments/<preset>/preset.yaml``
+    (or, for jobs of a commit before presets became folders, ``conf/experiment/<preset>.yaml``);
+    ``label`` shows a job folder."""
     problems = []
     commits = Counter(run_commit(r) for r in runs)
     if len(commits) > 1:
@@ -66,10 +74,10 @@ def commit_problems(runs: list, preset: str | None, repo_root: str | Path | None
         problems.append(f"{len(unchecked)} job(s) recorded `dirty: false` without checking the ignored files of "
                         f"the package (recorded by an older version), e.g. {label(unchecked[0].path)}")
     if preset:
-        path = f"conf/experiment/{preset}.yaml"
+        paths = preset_files(preset)
         for commit in sorted(set(commits) - {UNRECORDED}):
-            if not commit_has_file(commit, path, repo_root):
-                problems.append(f"commit {commit} does not contain {path} (or is not in this repository)")
+            if not any(commit_has_file(commit, path, repo_root) for path in paths):
+                problems.append(f"commit {commit} does not contain {paths[0]} (or is not in this repository)")
     return problems
 
 

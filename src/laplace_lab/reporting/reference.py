@@ -427,7 +427,7 @@ def load_reference(path: str | Path) -> dict[str, Any]:
     if unknown:
         raise ReferenceFileError(f"{path}: unknown top-level key(s) {unknown} in format {fmt}; allowed: "
                                  f"{list(TOP_KEYS[fmt])}")
-    presets = _names(path, data, "preset", "conf/experiment/<preset>.yaml")
+    presets = _names(path, data, "preset", "experiments/<preset>/preset.yaml")
     tables = _names(path, data, "tables", "committed tables results/<name>.csv") if "tables" in data else presets
     if fmt == 2 and not _text(data.get("paper")):
         raise ReferenceFileError(f"{path}: field `paper` must cite the paper (authors, year, title, venue)")

@@ -1,8 +1,9 @@
 """``results/README.md``: one page over every reproduced paper, generated from the reference files
 (``experiments/*/*reference*.yaml``) and the committed tables (``results/<table>.csv``), and the one
 source of every verdict shown elsewhere: the "Reference numbers" section of each committed
-``results/<table>.md`` and the verdict column of the top README's preset table are rewritten from the
-same judgement (``--check`` fails on any difference).
+``results/<table>.md`` and the top README's preset table (``preset_table``: one row per preset
+folder, its cost and smoke command, its verdicts) are rewritten from the same judgement (``--check``
+fails on any difference).
 
 Per paper: its headline claims, one line each with the verdicts of the rows that test them, and per
 table the counts of rows that reproduce the paper, match the authors' code, match laplace-torch, are
@@ -24,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from laplace_lab.reporting import preset_table, table_commit
 from laplace_lab.reporting import reference as ref
-from laplace_lab.reporting import table_commit
 from laplace_lab.reporting import verdict_rules as rules
 from laplace_lab.sweeps.status import REPO_ROOT
 
@@ -326,8 +327,8 @@ def table_reports(experiments_dir: Path = EXPERIMENTS_DIR, results_dir: Path = R
 def readme_text(readme: Path = README, experiments_dir: Path = EXPERIMENTS_DIR, results_dir: Path = RESULTS_DIR,
                 files: dict[str, list[dict[str, Any]]] | None = None,
                 judged: dict[int, list[Judged]] | None = None) -> str:
-    """The top README with the verdict cell (5th column) of each preset row rewritten from the judgement
-    of that committed table (rows whose second cell starts with a committed table's name in backticks)."""
+    """The top README with its preset table rewritten (``preset_table``): one row per preset folder,
+    the verdicts from the judgement of that preset's committed table."""
     files = files if files is not None else load_all(experiments_dir)
     judged = judged if judged is not None else judge_all(files, results_dir)
     by_table: dict[str, list[Judged]] = {}
@@ -336,16 +337,9 @@ def readme_text(readme: Path = README, experiments_dir: Path = EXPERIMENTS_DIR, 
             for j in judged.get(id(f), ()):
                 for table in ([j.table] if j.table else f["tables"]):
                     by_table.setdefault(table, []).append(j)
-    lines = readme.read_text().splitlines()
-    for i, line in enumerate(lines):
-        cells = line.split(" | ")
-        if not line.startswith("| ") or len(cells) < 6 or not cells[1].startswith("`"):
-            continue
-        name = cells[1].split("`")[1]
-        if name in by_table and (Path(results_dir) / f"{name}.csv").is_file():
-            cells[4] = short_verdict(by_table[name])
-            lines[i] = " | ".join(cells)
-    return "\n".join(lines) + "\n"
+    verdicts = {name: short_verdict(js) for name, js in by_table.items() if (Path(results_dir) / f"{name}.csv").is_file()}
+    table = preset_table.render(preset_table.load_presets(experiments_dir), Path(results_dir), verdicts)
+    return preset_table.replace_table(readme.read_text(), table, readme.name)
 
 
 def outputs() -> dict[Path, str]:
@@ -363,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         generated = outputs()
-    except (ref.ReferenceFileError, ResultsCSVError) as err:
+    except (ref.ReferenceFileError, ResultsCSVError, preset_table.PresetFolderError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     stale = [p for p, text in generated.items() if (p.read_text() if p.is_file() else "") != text]

@@ -1,6 +1,9 @@
-"""Loggers of a run: CSV always, wandb (offline by default) when enabled. Under Lightning's Trainer
-they are Lightning loggers; for the plain loop (``plain=True``) the CSV one is ``CSVMetricsLogger``
-(the same file, without importing Lightning).
+"""Loggers of a run: ``logger.csv`` and ``logger.wandb`` (offline by default), each the class its
+``_target_`` names, where enabled. Under Lightning's Trainer they are Lightning loggers; for the
+plain loop (``plain=True``) they are ``CSVMetricsLogger`` (the same file, without importing
+Lightning) and ``wandb_run.PlainWandbLogger`` (the same wandb run). ``logger.wandb.mode=disabled``
+(e.g. ``WANDB_MODE=disabled``, which the test suite sets) builds no wandb logger at all, like
+``logger.wandb.enabled=false``.
 
 The wandb run is grouped by ``logger.wandb.group`` (the experiment name), typed by ``job_type``
 and tagged from the config; its config is the flattened run config (``optimizer.lr``, ...); in a
@@ -11,16 +14,17 @@ evaluation wrote becomes a line-plot panel (``charts/reliability``) so runs can 
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 from typing import Any
 
-from laplace_lab.config.schema import RunConfig
+from laplace_lab.config.schema import RunConfig, constructor_arguments
 from laplace_lab.io import quiet_logs
+from laplace_lab.io.wandb_run import PlainWandbLogger, is_wandb_logger
 from laplace_lab.reporting.csv_metrics import CSVMetricsLogger
 
 log = logging.getLogger(__name__)
 WANDB_MODES = ("offline", "online", "disabled")
+CSV_NAME = "csv"  # csv/metrics.csv in the run folder (Lightning's CSVLogger with version "")
 
 
 def flatten_config(data: dict, sep: str = ".") -> dict[str, Any]:
@@ -38,50 +42,61 @@ def flatten_config(data: dict, sep: str = ".") -> dict[str, Any]:
     return flat
 
 
-def _multirun_job_name() -> str | None:
-    """The job's folder name (``sweeps.run_only.job_dirname``) when this run is a job of a Hydra multirun."""
+def multirun_overrides() -> list[str] | None:
+    """The task overrides of this run when it is a job of a Hydra multirun (None otherwise)."""
     try:
         from hydra.core.hydra_config import HydraConfig
         from hydra.types import RunMode
     except ImportError:  # pragma: no cover
         return None
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        from laplace_lab.sweeps.run_only import job_dirname
-
-        return job_dirname(HydraConfig.get().overrides.task)
+        return list(HydraConfig.get().overrides.task)
     return None
 
 
-def build_loggers(run: RunConfig, output_dir: Path, plain: bool = False) -> list:
-    """CSV logger in ``output_dir/csv``; wandb run in ``output_dir/wandb`` with the flattened config.
-    ``plain``: for the plain loop (no Lightning; the wandb logger then is an error)."""
-    loggers: list = []
-    wandb = run.logger.wandb
-    if plain:
-        if wandb.enabled:
-            raise ValueError("logger.wandb.enabled=true needs trainer.loop in ['auto', 'lightning']")
-        return [CSVMetricsLogger(output_dir, "csv")] if run.logger.csv else []
-    from pytorch_lightning.loggers import CSVLogger, WandbLogger
+def swept_values() -> list[str]:
+    """A multirun job's ``key=value`` overrides as its folder name has them (normalised, run-only keys
+    left out: ``sweeps.run_only.normalized_overrides``); ``[]`` outside a multirun."""
+    overrides = multirun_overrides()
+    if not overrides:
+        return []
+    from laplace_lab.sweeps.run_only import normalized_overrides
 
-    if run.logger.csv:
-        loggers.append(CSVLogger(save_dir=str(output_dir), name="csv", version=""))
-    if wandb.enabled:
-        if wandb.mode not in WANDB_MODES:
-            raise ValueError(f"logger.wandb.mode={wandb.mode!r} is not supported; allowed: {list(WANDB_MODES)}")
-        loggers.append(
-            WandbLogger(
-                save_dir=str(output_dir),
-                project=wandb.project,
-                entity=wandb.entity,
-                group=wandb.group,
-                job_type=wandb.job_type,
-                tags=list(wandb.tags),
-                name=_multirun_job_name(),
-                mode=wandb.mode,
-                config=flatten_config(run.raw),
-            )
-        )
-        quiet_logs.drop_wandb_anonymous(loggers[-1])
+    return normalized_overrides(overrides)
+
+
+def _multirun_job_name() -> str | None:
+    """The job's folder name (``sweeps.run_only.job_dirname``) when this run is a job of a Hydra multirun."""
+    overrides = multirun_overrides()
+    if overrides is None:
+        return None
+    from laplace_lab.sweeps.run_only import job_dirname
+
+    return job_dirname(overrides)
+
+
+def build_loggers(run: RunConfig, output_dir: Path, plain: bool = False) -> list:
+    """The enabled loggers of ``logger.*``, CSV first: each node's ``_target_`` built from its
+    arguments (``schema.constructor_arguments``) and the run's: the CSV file ``output_dir/csv/metrics.csv``,
+    the wandb run in ``output_dir/wandb`` with the flattened config. ``plain``: for the plain loop (no
+    Lightning): ``CSVMetricsLogger`` writes the same file, ``PlainWandbLogger`` the same wandb run."""
+    csv, wandb = run.logger.csv, run.logger.wandb
+    if wandb.enabled and wandb.mode not in WANDB_MODES:
+        raise ValueError(f"logger.wandb.mode={wandb.mode!r} is not supported; allowed: {list(WANDB_MODES)}")
+    from hydra.utils import get_class
+
+    loggers: list = []
+    if csv.enabled:
+        loggers.append(CSVMetricsLogger(output_dir, CSV_NAME) if plain else get_class(csv._target_)(
+            save_dir=str(output_dir), **constructor_arguments(csv), name=CSV_NAME, version=""))
+    if wandb.enabled and wandb.mode != "disabled":
+        init = {**constructor_arguments(wandb), "tags": list(wandb.tags), "name": _multirun_job_name(),
+                "config": flatten_config(run.raw)}
+        if plain:
+            loggers.append(PlainWandbLogger(str(output_dir), **init))
+        else:
+            loggers.append(get_class(wandb._target_)(save_dir=str(output_dir), **init))
+            quiet_logs.drop_wandb_anonymous(loggers[-1])
     return loggers
 
 
@@ -101,15 +116,10 @@ def log_reliability_chart(logger, table_csv: Path) -> None:
     logger.experiment.log({"charts/reliability": chart})
 
 
-def _is_wandb(logger) -> bool:
-    lightning_loggers = sys.modules.get("pytorch_lightning.loggers")  # not imported: no WandbLogger exists
-    return lightning_loggers is not None and isinstance(logger, lightning_loggers.WandbLogger)
-
-
 def finish_loggers(loggers: list) -> None:
     """Flush every logger and close the wandb run, so the next run in this process starts a new one."""
     for logger in loggers:
-        if _is_wandb(logger):
+        if is_wandb_logger(logger):
             table_csv = Path(logger.save_dir or ".") / "tables" / "reliability.csv"
             if table_csv.is_file():
                 try:
@@ -117,5 +127,5 @@ def finish_loggers(loggers: list) -> None:
                 except Exception as err:  # noqa: BLE001 - a chart must never fail the run
                     log.warning("wandb reliability chart not logged: %s", err)
         logger.finalize("success")
-        if _is_wandb(logger):
+        if is_wandb_logger(logger):
             logger.experiment.finish()

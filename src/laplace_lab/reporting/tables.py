@@ -9,9 +9,10 @@ Tables go to the (first) multirun folder unless ``--results-dir``. A table name 
 never a path (``io.names``). Only ``--commit-results`` writes into the repository's ``results/`` (a
 ``--results-dir`` under it is refused), with ``--preset`` and that preset's own table name (or
 ``<name>_<suffix>``, a variant of it), and it refuses to replace a committed table by one with fewer jobs, seeds or rows unless ``--allow-smaller``
-(``table_commit``). The jobs must come from one clean commit (no
+(``table_commit``), and it refuses jobs of a smoke variant (``experiment=<preset>/smoke``: one seed,
+a few epochs; their table carries a "SMOKE RUN" section). The jobs must come from one clean commit (no
 modified, untracked, or ignored package files at job start) that contains
-``conf/experiment/<preset>.yaml``, and from one launch command (less run-only overrides), or the
+the preset (``experiments/<preset>/preset.yaml``), and from one launch command (less run-only overrides), or the
 command refuses: ``--allow-mixed`` / ``--allow-mixed-launches`` write anyway, with the problems in
 the header and the commit of every row. Non-finite metric values are left out of the cells (and
 counted, per run; an integer too large for a float counts as inf), unreadable job files are listed,
@@ -63,6 +64,8 @@ from typing import Any
 
 import yaml
 
+from laplace_lab.config.presets import EXPERIMENTS_DIR as PRESETS_DIR
+from laplace_lab.config.presets import is_smoke_choice, preset_names, preset_path
 from laplace_lab.io.atomic import write_texts_together
 from laplace_lab.io.names import check_name, inside
 from laplace_lab.reporting import reference as ref
@@ -79,6 +82,7 @@ from laplace_lab.reporting.provenance import (
     launch_problems,
     portable_command,
     portable_path,
+    preset_files,
     run_commit,
     run_launches,
 )
@@ -111,7 +115,7 @@ MISSING = "-"
 ABSENT_METRICS = ("error", "omit")  # what aggregate does with a metric no run has
 COMMITTED_RESULTS = REPO_ROOT / "results"  # only --commit-results writes here
 TABLE_NAME = "table name (--name, aggregate.name)"
-EXPERIMENTS_DIR = REPO_ROOT / "experiments"
+EXPERIMENTS_DIR = PRESETS_DIR  # experiments/<preset>/: preset.yaml, reference*.yaml (config.presets)
 
 
 class ProvenanceError(ValueError):
@@ -468,7 +472,7 @@ def provenance_lines(name: str, prov: dict[str, Any]) -> list[str]:
                   "provenance: NOT ONE CLEAN COMMIT (the commit of each row is in its `commits` column): "
                   + "; ".join(prov["problems"] + launch_issues)]
     else:
-        contains = f"; contains conf/experiment/{prov['preset']}.yaml" if prov.get("preset") else ""
+        contains = f"; contains {preset_files(prov['preset'])[0]}" if prov.get("preset") else ""
         commit = [f"commit: {', '.join(prov['commits'])} (dirty: False)",
                   f"clean at job start: no modified, untracked or ignored package files{contains}"]
         if launch_issues:
@@ -660,12 +664,18 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     dirs = [Path(d) for d in sweep_dirs]
     if commit_results and results_dir is not None:
         raise ValueError("give either results_dir (--results-dir) or commit_results (--commit-results), not both")
+    if commit_results and is_smoke_choice(preset):
+        raise ProvenanceError(f"refusing to commit table {name!r}: --preset {preset!r} is a smoke variant "
+                              "(experiment=<preset>/smoke): one seed and a few epochs, not a reproduction; "
+                              "commit the tables of the preset's own sweep")
     if commit_results:  # the preset's own table only, as the command line requires
         check_commit_name(preset, preset_spec(preset) if preset else {}, name)
     out = COMMITTED_RESULTS if commit_results else Path(results_dir) if results_dir is not None else dirs[0]
     if not commit_results and out.resolve().is_relative_to(COMMITTED_RESULTS.resolve()):
         raise ValueError(f"{out} holds the committed tables: write there only with --commit-results "
                          "(commit_results=True), into results/ itself; by default tables go to the sweep folder")
+    smoke = is_smoke_choice(preset)
+    preset = preset.rsplit("/", 1)[0] if smoke else preset  # a smoke variant is judged by its preset's files
     references = _references(preset, reference)
     seeds = tuple(DEFAULT_SEED_KEYS if seed_keys is None else seed_keys)
     loaded = load_runs(dirs, launch_id)
@@ -674,6 +684,12 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
         raise ValueError(f"no finished runs (metrics.json with {STATUS_FILE} state 'finished') under "
                          f"{', '.join(map(str, dirs))}"
                          + "".join(f"; left out {p}: {why}" for p, why in loaded.unreadable))
+    smoke_runs = [r for r in runs if is_smoke_choice(r.choices.get("experiment"))]
+    if commit_results and (smoke or smoke_runs):
+        example = _relative(smoke_runs[0].path, dirs) if smoke_runs else str(dirs[0])
+        raise ProvenanceError(f"refusing to commit table {name!r}: {len(smoke_runs) or 'its'} job(s) ran a smoke "
+                              f"variant (experiment=<preset>/smoke, e.g. {example}): one seed and a few epochs, "
+                              "not a reproduction; commit the tables of the preset's own sweep")
     dups = duplicate_jobs(runs)
     if dups:
         raise ProvenanceError(_duplicates_message(dups, dirs))
@@ -712,7 +728,8 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     md, csv_path, jobs_path = settled_table(out, name)
     copied = copy_figures(runs, keys, list(figures or ()), seeds, out / f"{name}_figures")
     remove_stale_figures(out / f"{name}_figures", list(figures or ()), [p for _, _, p in copied])
-    sections = [*verdict_lines, *problems_markdown(loaded, nonfinite, dirs), *absent_markdown(unknown)]
+    sections = [*smoke_markdown(smoke_runs, preset), *verdict_lines, *problems_markdown(loaded, nonfinite, dirs),
+                *absent_markdown(unknown)]
     if model_selection is not None:
         sections += selection_markdown(rank_candidates(runs, model_selection, seeds), model_selection)
     if copied:
@@ -723,6 +740,16 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
                 jobs_path: jobs_csv(name, runs, keys, names, prov, dirs)}
     write_texts_together(contents, table_journal(out, name))  # rendered first, then visible together
     return [md, csv_path, jobs_path]
+
+
+def smoke_markdown(smoke_runs: list[Run], preset: str | None) -> list[str]:
+    """A warning section for a table with jobs of a smoke variant (``experiment=<preset>/smoke``)."""
+    if not smoke_runs:
+        return []
+    return ["", "## SMOKE RUN: not a reproduction", "",
+            f"{len(smoke_runs)} job(s) ran `experiment={preset or '<preset>'}/smoke` (one seed, a few epochs): "
+            "they show that the preset runs end to end; the numbers and verdicts below say nothing about the "
+            "paper. `--commit-results` refuses these jobs."]
 
 
 def remove_stale_figures(folder: Path, figures: list[str], written: list[Path]) -> list[Path]:
@@ -752,18 +779,15 @@ def aggregate_sweep(sweep_dir: str | Path, spec: dict[str, Any], launch_id: str 
 
 
 def preset_file(preset: str) -> Path:
-    """``conf/experiment/<preset>.yaml``; a ValueError listing the presets when there is none."""
-    from laplace_lab.config import CONF_DIR
-
-    path = CONF_DIR / "experiment" / f"{preset}.yaml"
-    if not path.is_file():
-        allowed = sorted(f.stem for f in (CONF_DIR / "experiment").glob("*.yaml"))
-        raise ValueError(f"--preset {preset!r} is not a preset; allowed: {allowed}")
-    return path
+    """``experiments/<preset>/preset.yaml``; a ValueError listing the presets when there is none."""
+    try:
+        return preset_path(preset, EXPERIMENTS_DIR)
+    except ValueError:
+        raise ValueError(f"--preset {preset!r} is not a preset; allowed: {preset_names(EXPERIMENTS_DIR)}") from None
 
 
 def preset_spec(preset: str) -> dict[str, Any]:
-    """The ``aggregate`` block of ``conf/experiment/<preset>.yaml`` (what its multirun uses)."""
+    """The ``aggregate`` block of ``experiments/<preset>/preset.yaml`` (what its multirun uses)."""
     from omegaconf import OmegaConf
 
     path = preset_file(preset)
@@ -801,8 +825,8 @@ def main(argv: list[str] | None = None) -> None:
                         "outputs/<its experiment_name>/multirun)")
     p.add_argument("--preset", default=None,
                    help="take name, metrics, group-by, seed keys, figures and model selection from the "
-                        "`aggregate` block of conf/experiment/<preset>.yaml (explicit options win); adds the "
-                        "verdicts of experiments/*/reference.yaml files of the preset; the jobs' commit must "
+                        "`aggregate` block of experiments/<preset>/preset.yaml (explicit options win); adds the "
+                        "verdicts of experiments/*/reference*.yaml files of the preset; the jobs' commit must "
                         "contain the preset")
     p.add_argument("--reference", type=Path, default=None,
                    help="a reference.yaml to judge the table with (instead of the preset's)")

@@ -46,7 +46,7 @@ WIRING_KEYS = ("module", "callbacks")
 SWITCHED_OFF = ("evaluation.landscape",)  # nodes with an ``enabled`` switch, hashed only when on
 # options added after jobs had finished, and the value that computes what those jobs computed
 ADDED_AT_DEFAULT = {"het_head": "softplus", "predictive.het_approx": "mean", "data.dtype": "float32",
-                    "trainer.strategy": "auto", "trainer.num_nodes": 1}
+                    "trainer.strategy": "auto", "trainer.num_nodes": 1, "trainer._target_": "pytorch_lightning.Trainer"}
 
 
 def hashed_config(data: dict[str, Any]) -> dict[str, Any]:

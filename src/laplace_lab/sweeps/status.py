@@ -270,10 +270,11 @@ def read_devices(job_dir: str | Path) -> dict[str, str | None]:
 
 
 # Untracked and ignored files under these folders are part of the package (a data loader, a
-# config) and make the tree dirty, less the caches below. Untracked files elsewhere (a user's own
-# scratch/ folder) do not: no preset reads them. Python files at the top level do, untracked or
-# ignored: ``python -m`` from the checkout can import them (``git_state``).
-PACKAGE_PATHS = ("src/laplace_lab", "conf")
+# config; the Hydra files of the preset folders, experiments/<preset>/*.yaml) and make the tree
+# dirty, less the caches below. Untracked files elsewhere (a user's own scratch/ folder) do not: no
+# preset reads them. Python files at the top level do, untracked or ignored: ``python -m`` from the
+# checkout can import them (``git_state``).
+PACKAGE_PATHS = ("src/laplace_lab", "conf", ":(glob)experiments/*/*.yaml")
 IGNORED_CACHES = ("__pycache__", ".pyc", ".egg-info")
 
 

@@ -17,6 +17,7 @@ from laplace_lab.config.schema import RunConfig
 from laplace_lab.config.targets import check_targets
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.data.split_checks import check_nonempty
+from laplace_lab.training.loops import LIGHTNING, TrainingLoop
 from laplace_lab.training.module import MAPCore
 
 
@@ -43,11 +44,11 @@ def ood_sets_used(run: RunConfig) -> list[str] | None:
     return [name for name in listed if ood.datasets is None or name in ood.datasets]
 
 
-def build(run: RunConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPCore]:
-    """Instantiate the data module and the training module: ``module._target_`` for the plain loop
-    (``loop="plain"``), its LightningModule twin for ``loop="lightning"``."""
+def build(run: RunConfig, loop: TrainingLoop = LIGHTNING) -> tuple[LabDataModule, MAPCore]:
+    """Instantiate the data module and the training module: the class ``loop`` runs for
+    ``module._target_`` (itself for ``PLAIN``, its LightningModule twin for ``LIGHTNING``)."""
     check_targets(run.raw)  # callers rebuild jobs from their config_resolved.yaml through here
-    module_class = training_class(run.module["_target_"], loop)  # Lightning first: data.base
+    module_class = loop.training_class(get_class(run.module["_target_"]))  # Lightning first: data.base
     ood = ood_sets_used(run)  # the others are not looked for on disk (no warning about them)
     datamodule: LabDataModule = instantiate(run.data) if ood is None else instantiate(run.data, ood=ood)
     likelihood = resolve_likelihood(run.likelihood, datamodule)
@@ -80,14 +81,3 @@ def build(run: RunConfig, loop: str = "lightning") -> tuple[LabDataModule, MAPCo
     )
     check_nonempty(datamodule, f"data {run.data.get('_target_')}")  # set up by n_train above; before any training
     return datamodule, module
-
-
-def training_class(target: str, loop: str) -> type:
-    """The class ``target`` names (``_target_``), or for ``loop="lightning"`` its Lightning twin
-    (``lightning_classes.lightning_twin``; importing it makes data modules LightningDataModules)."""
-    cls = get_class(target)
-    if loop == "lightning":
-        from laplace_lab.training.lightning_classes import lightning_twin
-
-        cls = lightning_twin(cls)
-    return cls

@@ -4,12 +4,11 @@ by ``training.fit.build_callbacks``, whose entries name by ``_target_`` either
 - a callback class with typed options (``options_type``, a dataclass; ``OnlineMarglikCore``,
   ``AugmentationMarglikCore``): ``options_type.from_run(run)`` reads its options from the run's typed
   config (``None``: the run does not use it) and the class is built with them, ``cls(options)``;
-  under ``loop="lightning"`` its Lightning twin (``build.training_class``), or
+  the class ``loop`` runs for it (``training.loops``: its Lightning twin under Lightning), or
 - a function ``(run, output_dir, loop) -> list`` for what depends on the run folder (``checkpoints``,
   ``epoch_eta`` below), returning an empty list where the run does not use it.
 
-The result holds Lightning callbacks for ``loop="lightning"`` and the plain loop's hook objects for
-``loop="plain"``. Lightning is imported only where a Lightning callback is built.
+The result holds the classes ``loop`` runs: Lightning callbacks, or the plain loop's hook objects. Lightning is imported only where a Lightning callback is built.
 """
 
 from __future__ import annotations
@@ -19,10 +18,11 @@ from pathlib import Path
 from laplace_lab.config.schema import RunConfig
 from laplace_lab.sweeps.ranks import is_first_process
 from laplace_lab.training.epoch_eta import EpochETA
+from laplace_lab.training.loops import TrainingLoop
 from laplace_lab.training.resume import checkpoint_dir
 
 
-def checkpoints(run: RunConfig, output_dir: Path, loop: str) -> list:
+def checkpoints(run: RunConfig, output_dir: Path, loop: TrainingLoop) -> list:
     """``checkpoint.enabled``: ``last.ckpt`` rewritten every ``checkpoint.every_n_epochs`` epochs, and
     with ``checkpoint.monitor`` the best checkpoint by it (``best-epoch<N>.ckpt``). Two callbacks:
     Lightning's own ``save_last`` (2.6) rewrites last.ckpt only in an epoch that also saved a top-k
@@ -43,7 +43,7 @@ def checkpoints(run: RunConfig, output_dir: Path, loop: str) -> list:
     return callbacks
 
 
-def epoch_eta(run: RunConfig, output_dir: Path, loop: str) -> list:
+def epoch_eta(run: RunConfig, output_dir: Path, loop: TrainingLoop) -> list:
     """The remaining training time after every epoch (``training.epoch_eta``), in the log and the
     run's ``progress.json``; a ``map_grid`` point, its refit or an ensemble member is named by its
     subfolder."""
@@ -51,9 +51,5 @@ def epoch_eta(run: RunConfig, output_dir: Path, loop: str) -> list:
 
     name = output_dir.name
     label = f"MAP training ({name})" if name.startswith(("grid_", "member_", REFIT_NAME)) else "MAP training"
-    cls = EpochETA
-    if loop == "lightning":
-        from laplace_lab.training.lightning_classes import lightning_twin
-
-        cls = lightning_twin(cls)
+    cls = loop.training_class(EpochETA)
     return [cls(output_dir if is_first_process() else None, label)]  # DDP: rank 0 writes progress.json

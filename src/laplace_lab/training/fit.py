@@ -2,8 +2,8 @@
 
 ``train_map(run, output_dir, loggers, loop)`` is the unit every caller repeats: the entry point once,
 ``training.map_grid`` per grid point, ``training.ensemble`` per member. The loop is Lightning's
-Trainer or the plain loop (``training.loop_choice``); the callbacks are the ``callbacks`` config's
-entries (``build_callbacks``, ``training.callbacks``).
+Trainer or the plain loop (``training.loops``, picked by ``training.loop_choice``); the callbacks
+are the ``callbacks`` config's entries (``build_callbacks``, ``training.callbacks``).
 """
 
 from __future__ import annotations
@@ -16,22 +16,21 @@ from hydra.utils import get_object
 
 from laplace_lab.config.schema import RunConfig
 from laplace_lab.data.base import LabDataModule
-from laplace_lab.io.eta import attached_to_terminal
 from laplace_lab.training import loop_choice, map_cache
-from laplace_lab.training.build import build, training_class
+from laplace_lab.training.build import build
 from laplace_lab.training.laplace_plan import check_run_laplace
+from laplace_lab.training.loops import LIGHTNING, TrainingLoop
 from laplace_lab.training.module import MAPCore
-from laplace_lab.training.plain_loop import PlainTrainer, resolve_device, seed_everything
 from laplace_lab.training.resume import check_resume, resume_path, run_fingerprint, run_identity
 from laplace_lab.training.validation_nll import validation_nll
 
 log = logging.getLogger(__name__)
 
 
-def build_callbacks(run: RunConfig, output_dir: Path, loop: str = "lightning") -> list:
+def build_callbacks(run: RunConfig, output_dir: Path, loop: TrainingLoop = LIGHTNING) -> list:
     """The ``callbacks`` config's entries, in order (``training.callbacks``): a class is built with its
-    typed options (``options_type.from_run(run)``; left out where that is ``None``), as its Lightning
-    twin for ``loop="lightning"``; a function returns its callbacks (``(run, output_dir, loop)``)."""
+    typed options (``options_type.from_run(run)``; left out where that is ``None``), as the class ``loop``
+    runs for it (its Lightning twin under Lightning); a function returns its callbacks (``(run, output_dir, loop)``)."""
     callbacks = []
     for node in run.callbacks.values():
         target = get_object(node["_target_"])
@@ -40,45 +39,24 @@ def build_callbacks(run: RunConfig, output_dir: Path, loop: str = "lightning") -
             continue
         options = target.options_type.from_run(run)
         if options is not None:
-            callbacks.append(training_class(node["_target_"], loop)(options))
+            callbacks.append(loop.training_class(target)(options))
     return callbacks
 
 
-def make_trainer(run: RunConfig, output_dir: Path, loggers, callbacks, loop: str):
-    """Lightning's ``Trainer`` (``trainer.*`` but ``loop``) or the plain loop's ``PlainTrainer``;
-    progress bars only on a terminal (epoch lines, ``training.epoch_eta``, otherwise)."""
-    t = run.trainer
-    progress_bar = t.enable_progress_bar and attached_to_terminal()
-    if loop == "plain":
-        return PlainTrainer(t.max_epochs, resolve_device(t.accelerator), loggers, callbacks,
-                            log_every_n_steps=t.log_every_n_steps, enable_progress_bar=progress_bar,
-                            check_val_every_n_epoch=t.extra.get("check_val_every_n_epoch", 1))
-    import pytorch_lightning as pl
-
-    kwargs = {**loop_choice.trainer_kwargs(run), "enable_progress_bar": progress_bar}
-    return pl.Trainer(**kwargs, logger=loggers, default_root_dir=str(output_dir),
-                      callbacks=callbacks, enable_checkpointing=run.checkpoint.enabled)
-
-
-def training_plan(run: RunConfig, loop: str) -> str:
+def training_plan(run: RunConfig, loop: TrainingLoop) -> str:
     """What the MAP training phase will run, for its start line."""
     grid = f"{len(run.map_grid)} trainings (map_grid){' and a refit' if run.map_grid_refit else ''} of " \
         if run.map_grid else ""
     return f"{grid}{run.trainer.max_epochs} epochs, {loop} loop; the remaining time is logged after the first epoch"
 
 
-def train_map(run: RunConfig, output_dir: Path, loggers, loop: str | None = None
+def train_map(run: RunConfig, output_dir: Path, loggers, loop: TrainingLoop | None = None
               ) -> tuple[LabDataModule, MAPCore, object, dict]:
-    """Seed, build and train (or load from the MAP cache) one network with ``loop`` (``lightning`` |
-    ``plain``; None: ``trainer.loop``'s choice); returns its final metrics ``time/fit_s`` and
+    """Seed, build and train (or load from the MAP cache) one network with ``loop`` (``training.loops``;
+    None: ``trainer.loop``'s choice); returns its final metrics ``time/fit_s`` and
     ``val/nll`` (the last validation NLL, the objective of sweeps)."""
     loop = loop or loop_choice.choose_loop(run)
-    if loop == "lightning":
-        import pytorch_lightning as pl
-
-        pl.seed_everything(run.seed, workers=True)
-    else:
-        seed_everything(run.seed)
+    loop.seed(run.seed)
     resume = resume_path(run, output_dir)
     if resume:
         check_resume(run, resume)
@@ -89,7 +67,7 @@ def train_map(run: RunConfig, output_dir: Path, loggers, loop: str | None = None
     if run.checkpoint.enabled:
         module.run_fingerprint = run_fingerprint(run)
     callbacks = build_callbacks(run, output_dir, loop)
-    trainer = make_trainer(run, output_dir, loggers, callbacks, loop)
+    trainer = loop.make_trainer(run, output_dir, loggers, callbacks)
     start = time.perf_counter()
     cached = map_cache.cache_path(run, datamodule)
     if map_cache.load(module, cached):
@@ -97,11 +75,7 @@ def train_map(run: RunConfig, output_dir: Path, loggers, loop: str | None = None
         metrics = {"time/fit_s": 0.0, "map_cache/hit": 1.0, **cached_validation(module, datamodule)}
     else:
         module.fit_clock_start = start
-        if loop == "plain":  # (a run resuming from a checkpoint is never plain: loop_choice)
-            trainer.fit(module, datamodule)
-        else:
-            # (check_resume read the checkpoint with weights_only=True already; Lightning reads it the same way)
-            trainer.fit(module, datamodule=datamodule, ckpt_path=resume, weights_only=True)
+        loop.fit(trainer, module, datamodule, resume)
         map_cache.save(module, cached, map_cache.key_contents(run, datamodule) if cached else None)
         # with a resumed checkpoint: the earlier launches' training time up to it, plus this launch's
         metrics = {"time/fit_s": module.fit_seconds()}

@@ -22,6 +22,7 @@ from laplace_lab.config.schema import RunConfig
 from laplace_lab.config.targets import check_targets
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.laplace import Laplace
+from laplace_lab.training.loops import PLAIN
 from laplace_lab.training.module import MAPCore
 
 
@@ -56,7 +57,7 @@ def load_job(job: Path, data_dir: str | None = None) -> tuple[RunConfig, LabData
     run = load_run_config(cfg)
     if data_dir:  # the saved config is resolved: data.data_dir holds the old path too
         run = replaced(run, {"paths.data_dir": data_dir} | ({"data.data_dir": data_dir} if "data_dir" in run.data else {}))
-    datamodule, module = build(run, "plain")
+    datamodule, module = build(run, PLAIN)
     datamodule.setup("fit")
     state = best_state(job)
     module.model.load_state_dict(state["model"])

@@ -6,11 +6,15 @@
 - ``auto`` (default): ``plain`` when the run qualifies and trains on the CPU, else ``lightning``;
   the choice and its reasons are logged.
 
+``choose_loop`` returns the chosen loop's object (``training.loops``: ``PLAIN`` or ``LIGHTNING``);
+this is the one place that reads the ``trainer.loop`` string.
+
 A run qualifies when ``lightning_needs(run)`` is empty: in-memory tensor data read in the main
 process (a data module that declares ``in_memory``: UCI, sinusoid, toy2d); one CPU or CUDA device; the trainer options at values the plain
 loop runs as Lightning does (``PLAIN_TRAINER``: no gradient clipping, all batches, validation
-at epoch ends, no model summary, ...); no wandb logger, no checkpoints (saving or resuming), no
-augmentation callback, no fused online marglik.
+at epoch ends, no model summary, ...); no checkpoints (saving or resuming), no augmentation
+callback, no fused online marglik. A W&B run is no reason for Lightning: the plain loop logs to
+its own (``io.wandb_run.PlainWandbLogger``).
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from laplace_lab.config.schema import TRAINER_KEYS, RunConfig
+from laplace_lab.config.schema import TRAINER, TRAINER_KEYS, RunConfig
 from laplace_lab.data.registry import data_modules, required_class
+from laplace_lab.training.loops import LIGHTNING, PLAIN, TrainingLoop
 from laplace_lab.training.plain_loop import resolve_device
 
 log = logging.getLogger(__name__)
@@ -33,6 +38,7 @@ def _one(v: Any) -> bool:
 
 # trainer option -> (values the plain loop runs as Lightning does, those values in words)
 PLAIN_TRAINER: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "_target_": (lambda v: v == TRAINER, TRAINER),  # PlainTrainer stands in for it
     "loop": (lambda v: True, "any"),
     "max_epochs": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1"),
     "accelerator": (lambda v: str(v).lower() in ("auto", "cpu", "gpu", "cuda"), "auto, cpu, gpu or cuda"),
@@ -74,8 +80,6 @@ def lightning_needs(run: RunConfig) -> list[str]:
         needs.append(f"data._target_={run.data.get('_target_')!r} (plain loop: in-memory data, one of {in_memory})")
     if run.data.get("num_workers", 0):
         needs.append(f"data.num_workers={run.data['num_workers']} (plain loop: 0)")
-    if run.logger.wandb.enabled:
-        needs.append("logger.wandb.enabled=true (a Lightning logger)")
     if run.checkpoint.enabled or run.checkpoint.resume_from:
         needs.append("checkpoint.enabled / checkpoint.resume_from (Lightning checkpoints)")
     if run.augmentation.wraps_model or run.augmentation.report:
@@ -91,8 +95,8 @@ def _mps_only() -> bool:
     return not torch.cuda.is_available() and torch.backends.mps.is_available()
 
 
-def choose_loop(run: RunConfig) -> str:
-    """``plain`` or ``lightning`` for this run (``trainer.loop``); logs the choice. ``plain`` asked
+def choose_loop(run: RunConfig) -> TrainingLoop:
+    """``PLAIN`` or ``LIGHTNING`` for this run (``trainer.loop``); logs the choice. ``plain`` asked
     for on a run that needs Lightning raises a ``ValueError`` naming what needs it."""
     loop = run.trainer.loop
     needs = [] if loop == "lightning" else lightning_needs(run)
@@ -107,9 +111,4 @@ def choose_loop(run: RunConfig) -> str:
               ": " + ("in-memory data, one device, no Lightning-only feature" if chosen == "plain"
                       else "needs Lightning for " + "; ".join(needs)))
     log.info("Training loop: %s (trainer.loop=%s%s)", chosen, loop, reason)
-    return chosen
-
-
-def trainer_kwargs(run: RunConfig) -> dict[str, Any]:
-    """``trainer.*`` without ``loop`` (our option): the keyword arguments of Lightning's Trainer."""
-    return {k: v for k, v in trainer_options(run).items() if k != "loop"}
+    return PLAIN if chosen == "plain" else LIGHTNING

@@ -14,6 +14,7 @@ from laplace_lab.config.load import replaced
 from laplace_lab.config.schema import RunConfig
 from laplace_lab.data.registry import required_class
 from laplace_lab.training.fit import train_map
+from laplace_lab.training.loops import TrainingLoop
 from laplace_lab.training.module import MAPCore
 from laplace_lab.training.validation_nll import validation_nll
 
@@ -52,7 +53,7 @@ def loader_rmse(module: MAPCore, loader) -> float:
     return float(torch.cat(err).mean().sqrt())
 
 
-def train_map_grid(run: RunConfig, output_dir: Path, loggers, loop: str | None = None):
+def train_map_grid(run: RunConfig, output_dir: Path, loggers, loop: TrainingLoop | None = None):
     """Train every grid point and keep the one with the lowest validation NLL.
 
     ``map_grid_refit=false``: the chosen grid network is the MAP; for regression its noise std is

@@ -26,7 +26,7 @@ constant, laplace-torch ``marglik_training``'s objective. Both have the same min
 Adam they train differently once online marglik moves sigma: with ``nll`` the gradient grows by
 ``1 / sigma^2`` when sigma shrinks while Adam's second-moment average (beta2 0.999) still holds the
 old scale, so the steps are larger until it catches up; with ``mse`` the data term's scale never
-moves (measured on UCI: experiments/immer2021/README.md).
+moves (measured on UCI: experiments/immer2021_uci/README.md).
 """
 
 from __future__ import annotations

@@ -76,6 +76,7 @@ class LowRankStructure(Structure):
     ``la.structure.block_size = 10``, Laplace only forwards ``n_eigs``)."""
 
     name = "lowrank"
+    label = "low-rank"
     prior_structures = ("scalar", "layerwise", "diagonal")
     curvature_types = tuple(OPERATOR_CURVATURE_TYPES)
     options = ("n_eigs",)

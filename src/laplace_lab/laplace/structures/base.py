@@ -13,8 +13,10 @@ Optional (defaults here): ``finalize``, ``covariance``, ``square_norm``, ``curva
 (fast marglik), ``cholesky`` (dense fast marglik), ``preconditioner`` (linear-mode CG),
 ``posterior_view`` (the glm predictive; default: dense per-input Jacobians),
 ``curvature_top_eigenvectors`` (the loss-landscape slices along the posterior's eigen-directions).
-Class attributes declare ``prior_structures`` and ``curvature_types`` it supports, its extra constructor
-``options`` and whether ``chain.Chain`` may hand it modules in any block order.
+Class attributes declare its ``label`` (the name readers see), the ``prior_structures`` and
+``curvature_types`` it supports, its extra constructor ``options`` and whether ``chain.Chain`` may
+hand it modules in any block order. A module of ``laplace.structures`` is imported with the package
+(``structures.discover``), so a new structure is its file and its ``conf/curvature/<name>.yaml``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ register = registrar(STRUCTURES, "hessian_structure")
 
 class Structure:
     name = ""
+    label = ""  # its name for readers (figure titles, the console summary), e.g. "KFAC"; "": ``name``
     prior_structures: tuple[str, ...] = ("scalar", "layerwise", "diagonal")
     curvature_types: tuple[str, ...] = ("ggn", "ef", "mc_fisher")
     options: tuple[str, ...] = ()  # extra keyword arguments of the constructor (e.g. ``n_eigs``)

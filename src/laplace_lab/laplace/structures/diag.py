@@ -15,6 +15,7 @@ class DiagStructure(Structure):
     supports_fused = True
     factor_chunks = True
     name = "diag"
+    label = "diagonal"
     shard_reduction = "sum"
 
     def reset(self):

@@ -48,6 +48,7 @@ def _linear_full_block(m: nn.Linear, names, a: torch.Tensor, g: torch.Tensor) ->
 @register
 class FullStructure(Structure):
     name = "full"
+    label = "full"
     dense_cholesky = True
     shard_reduction = "sum"
 

@@ -162,6 +162,7 @@ class KronStructure(Structure):
     supports_fused = True
     factor_chunks = True
     name = "kron"
+    label = "KFAC"
     shard_reduction = "sum"
     prior_structures = ("scalar", "layerwise")
     any_block_order = True
