@@ -67,7 +67,8 @@ MODULES = _modules_by_last_name()
 
 
 def _config_keys() -> set[str]:
-    """Every key of the composed config's yaml files and every field of the config dataclasses."""
+    """Every key of the composed config's yaml files and every annotated field of a module that
+    declares options (``fields.option``)."""
     keys: set[str] = set()
 
     def walk(node):
@@ -78,7 +79,9 @@ def _config_keys() -> set[str]:
 
     for path in (ROOT / "conf").rglob("*.yaml"):
         walk(yaml.safe_load(path.read_text()))
-    for path in [*(PACKAGE / "config").glob("*.py"), PACKAGE / "evaluation" / "config.py"]:
+    for path in PACKAGE.rglob("*.py"):  # the schema's dataclasses and the classes that declare options
+        if "option(" not in path.read_text():
+            continue
         keys.update(n.target.id for n in ast.walk(_tree(path)) if isinstance(n, ast.AnnAssign)
                     and isinstance(n.target, ast.Name))
     return keys
