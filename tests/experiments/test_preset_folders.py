@@ -16,6 +16,7 @@ from laplace_lab.config import CONF_DIR
 from laplace_lab.config.presets import EXPERIMENTS_DIR, SCHEME, preset_names, preset_path
 from laplace_lab.reporting import preset_table, tables
 from laplace_lab.reporting import reference as ref
+from laplace_lab.reporting.table_spec import Admission, TableSpec
 
 PRESETS = preset_names()
 
@@ -127,13 +128,15 @@ def test_smoke_jobs_are_never_committed(tmp_path, monkeypatch):
                                      '"git": {"commit": "abc", "dirty": false, "ignored_checked": true}}')
     monkeypatch.setattr(tables, "COMMITTED_RESULTS", tmp_path / "results")
     with pytest.raises(tables.ProvenanceError, match=r"1 job\(s\) ran a smoke variant .* not a reproduction"):
-        tables.aggregate([sweep], "toy2d", metrics=["test/map/acc"], preset="toy2d", commit_results=True, allow_mixed=True)
+        tables.aggregate([sweep], "toy2d", spec=TableSpec(metrics=["test/map/acc"]), preset="toy2d",
+                         commit_results=True, admission=Admission(allow_mixed=True))
     with pytest.raises(tables.ProvenanceError, match="is a smoke variant"):
-        tables.aggregate([sweep], "toy2d", metrics=["test/map/acc"], preset="toy2d/smoke", commit_results=True,
-                         allow_mixed=True)
-    out = tables.aggregate([sweep], "toy2d_smoke", metrics=["test/map/acc"], results_dir=tmp_path / "t",
-                           group_by=["data.kind", "method_name"],
-                           preset="toy2d/smoke", allow_mixed=True, allow_mixed_launches=True)
+        tables.aggregate([sweep], "toy2d", spec=TableSpec(metrics=["test/map/acc"]), preset="toy2d/smoke",
+                         commit_results=True, admission=Admission(allow_mixed=True))
+    out = tables.aggregate([sweep], "toy2d_smoke",
+                           spec=TableSpec(metrics=["test/map/acc"], group_by=["data.kind", "method_name"]),
+                           results_dir=tmp_path / "t", preset="toy2d/smoke",
+                           admission=Admission(allow_mixed=True, allow_mixed_launches=True))
     text = out[0].read_text()
     assert "## SMOKE RUN: not a reproduction" in text and "experiments/toy2d/reference.yaml" in text
     assert not (tmp_path / "results").exists()

@@ -10,6 +10,7 @@ import pytest
 from laplace_lab.io.names import check_name, check_root, inside
 from laplace_lab.reporting import tables
 from laplace_lab.reporting.sweep_table import validate_aggregate
+from laplace_lab.reporting.table_spec import Admission, TableSpec
 from tests.conftest import run_config
 
 from .test_tables import repo, sweep  # noqa: F401
@@ -37,7 +38,8 @@ def test_a_table_name_is_a_name(name, sweep, repo, committed, capsys):  # noqa: 
     with pytest.raises(SystemExit, match=r"table name \(--name, aggregate.name\)=.* is not a plain name"):
         tables.main([str(sweep), "--name", name, "--allow-mixed"])
     with pytest.raises(ValueError, match="is not a plain name"):
-        tables.aggregate([sweep], name, metrics=["test/map/acc"], allow_mixed=True, commit_results=True)
+        tables.aggregate([sweep], name, spec=TableSpec(metrics=["test/map/acc"]), commit_results=True,
+                         admission=Admission(allow_mixed=True))
     assert _unchanged(committed)
 
 

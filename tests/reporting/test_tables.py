@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from laplace_lab.reporting import provenance, tables
 from laplace_lab.reporting.sweep_table import SweepTable, validate_aggregate
+from laplace_lab.reporting.table_spec import Admission, TableSpec
 from laplace_lab.sweeps.callback import SweepSummary, summarize
 
 REAL_EXPERIMENTS = Path(tables.__file__).resolve().parents[3] / "experiments"
@@ -120,7 +121,7 @@ def read_csv(path: Path) -> list[dict]:
 
 
 def test_means_standard_errors_and_n(sweep, tmp_path):
-    md, csv_path, jobs = tables.aggregate([sweep], "toy", metrics=["test/map/acc", "test/la/nll"],
+    md, csv_path, jobs = tables.aggregate([sweep], "toy", spec=TableSpec(metrics=["test/map/acc", "test/la/nll"]),
                                           results_dir=tmp_path / "results")
     assert md == tmp_path / "results" / "toy.md" and csv_path.suffix == ".csv" and jobs.name == "toy.jobs.csv"
     rows = {(r["model"], r["curvature"]): r for r in read_csv(csv_path)}
@@ -140,7 +141,7 @@ def test_means_standard_errors_and_n(sweep, tmp_path):
 
 
 def test_markdown_rows_and_provenance_header(sweep, tmp_path):
-    md, csv_path, _ = tables.aggregate([sweep], "toy", metrics=["test/map/acc", "test/la/nll"],
+    md, csv_path, _ = tables.aggregate([sweep], "toy", spec=TableSpec(metrics=["test/map/acc", "test/la/nll"]),
                                        results_dir=tmp_path / "results")
     text = md.read_text()
     lines = text.splitlines()
@@ -176,17 +177,19 @@ def test_group_by_config_key_and_cli(sweep, tmp_path, capsys):
 
 def test_reconstructed_command_and_errors(sweep, tmp_path):
     (sweep / "launches.jsonl").unlink()
-    md, *_ = tables.aggregate([sweep], "rec", metrics=["test/map/acc"], results_dir=tmp_path)
+    md, *_ = tables.aggregate([sweep], "rec", spec=TableSpec(metrics=["test/map/acc"]), results_dir=tmp_path)
     assert "- command (reconstructed from the jobs' overrides): python -m laplace_lab.train -m " in md.read_text()
     assert "seed=0,1,2" in md.read_text()
     with pytest.raises(ValueError, match="in no run's metrics.json; allowed"):
-        tables.aggregate([sweep], "bad", metrics=["test/nope"], results_dir=tmp_path)
-    md, csv_path, _ = tables.aggregate([sweep], "omit", metrics=["test/map/acc", "test/nope"], results_dir=tmp_path,
-                                       absent_metrics="omit")
+        tables.aggregate([sweep], "bad", spec=TableSpec(metrics=["test/nope"]), results_dir=tmp_path)
+    md, csv_path, _ = tables.aggregate([sweep], "omit",
+                                       spec=TableSpec(metrics=["test/map/acc", "test/nope"], absent_metrics="omit"),
+                                       results_dir=tmp_path)
     assert "## Metrics left out (in no run's metrics.json)\n\n`test/nope`" in md.read_text()
     assert "test/nope" not in csv_path.read_text()
     with pytest.raises(ValueError, match="absent_metrics='drop'; allowed: \\['error', 'omit'\\]"):
-        tables.aggregate([sweep], "bad", metrics=["test/map/acc"], results_dir=tmp_path, absent_metrics="drop")
+        tables.aggregate([sweep], "bad", spec=TableSpec(metrics=["test/map/acc"], absent_metrics="drop"),
+                         results_dir=tmp_path)
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no finished runs"):
         tables.aggregate([tmp_path / "empty"], "x", results_dir=tmp_path)
@@ -201,8 +204,9 @@ def test_summary_classifies_jobs_of_the_launch(sweep):
 
 
 def test_figures_of_the_first_seed_are_copied_and_linked(sweep, tmp_path):
-    md, *_ = tables.aggregate([sweep], "fig", metrics=["test/map/acc"], figures=["reliability", "absent"],
-                             results_dir=tmp_path / "r")
+    md, *_ = tables.aggregate([sweep], "fig",
+                              spec=TableSpec(metrics=["test/map/acc"], figures=["reliability", "absent"]),
+                              results_dir=tmp_path / "r")
     copied = sorted((tmp_path / "r" / "fig_figures").iterdir())
     by_name = {p.name: p.read_bytes() for p in copied}
     assert by_name == {"model=mlp,curvature=kron__reliability.png": b"png mlp 0",
@@ -223,7 +227,8 @@ def test_root_aggregate_key_is_validated_before_jobs_run(tmp_path):
 
 def test_model_selection_section_in_markdown(sweep, tmp_path):
     spec = {"score": "test/map/acc", "candidates": ["model"], "within": ["seed"], "targets": ["test/la/nll"]}
-    md, *_ = tables.aggregate([sweep], "sel", metrics=["test/map/acc"], results_dir=tmp_path, model_selection=spec)
+    md, *_ = tables.aggregate([sweep], "sel", spec=TableSpec(metrics=["test/map/acc"], model_selection=spec),
+                              results_dir=tmp_path)
     text = md.read_text()
     assert "## Model selection by marginal likelihood" in text
     # seed 0: mlp acc 0.91 > lenet 0.5 and mlp nll 0.31 < lenet 1.25: same order, tau +1
@@ -263,7 +268,8 @@ def test_refuses_jobs_from_two_commits_unless_allow_mixed(sweep, tmp_path, repo)
                                                       rf"{a} \(4 jobs\), {b} \(1 job\).*--allow-mixed"):
         tables.aggregate([sweep], "toy", preset="toy", results_dir=tmp_path / "r")
     assert not (tmp_path / "r").exists()  # nothing written
-    md, csv_path, _ = tables.aggregate([sweep], "toy", preset="toy", results_dir=tmp_path / "r", allow_mixed=True)
+    md, csv_path, _ = tables.aggregate([sweep], "toy", preset="toy", results_dir=tmp_path / "r",
+                                       admission=Admission(allow_mixed=True))
     text = md.read_text()
     assert "- provenance: NOT ONE CLEAN COMMIT" in text and "the jobs come from 2 commits" in text
     table = [line for line in text.splitlines() if line.startswith("| ")]
@@ -365,7 +371,8 @@ def test_refuses_jobs_of_different_launch_commands(sweep, tmp_path):
     with pytest.raises(tables.ProvenanceError, match=r"launched by 2 different commands: \[x=1\] \(4 jobs\); "
                                                       r"\[x=2\] \(1 job\).*--allow-mixed-launches"):
         tables.aggregate([sweep], "mixed", results_dir=tmp_path / "r")
-    md, *_ = tables.aggregate([sweep], "mixed", results_dir=tmp_path / "r", allow_mixed_launches=True)
+    md, *_ = tables.aggregate([sweep], "mixed", results_dir=tmp_path / "r",
+                              admission=Admission(allow_mixed_launches=True))
     text = md.read_text()  # one clean commit: the header says so, and names the launches apart
     assert "- launches: one clean commit, several launch commands" in text and "launched by 2 different commands" in text
     assert "NOT ONE CLEAN COMMIT" not in text and "clean at job start" in text and "| commits |" not in text
@@ -375,7 +382,7 @@ def test_refuses_jobs_of_different_launch_commands(sweep, tmp_path):
 
 
 def test_jobs_csv_has_one_row_per_job(sweep, tmp_path):
-    *_, jobs_path = tables.aggregate([sweep], "toy", metrics=["test/map/acc", "test/la/nll"],
+    *_, jobs_path = tables.aggregate([sweep], "toy", spec=TableSpec(metrics=["test/map/acc", "test/la/nll"]),
                                      results_dir=tmp_path / "r")
     assert jobs_path.read_text().startswith("# table: toy\n")
     rows = read_csv(jobs_path)
@@ -402,26 +409,27 @@ def test_a_resumed_job_counts_its_earlier_launches(sweep, tmp_path):
     metrics = json.loads((job / "metrics.json").read_text())
     (job / "metrics.json").write_text(json.dumps({**metrics, "checkpoint/resumed_fit_s": 1000.0}))
     wall = json.loads((job / "status.json").read_text())["wall_s"]
-    md, *_, jobs_path = tables.aggregate([sweep], "toy", metrics=["test/map/acc"], results_dir=tmp_path / "r")
+    md, *_, jobs_path = tables.aggregate([sweep], "toy", spec=TableSpec(metrics=["test/map/acc"]),
+                                         results_dir=tmp_path / "r")
     row = next(r for r in read_csv(jobs_path) if sweep / Path(r["job"]).relative_to("multirun") == job)
     assert float(row["wall_s"]) == wall + 1000.0
     assert "checkpoint/resumed_fit_s" in md.read_text()
 
 
 def test_tables_go_to_the_sweep_folder_and_results_only_with_commit_results(sweep, tmp_path, repo, preset_t):
-    paths = tables.aggregate([sweep], "toy", metrics=["test/map/acc"])
+    paths = tables.aggregate([sweep], "toy", spec=TableSpec(metrics=["test/map/acc"]))
     assert [p.parent for p in paths] == [sweep] * 3
     with pytest.raises(ValueError, match="holds the committed tables: write there only with --commit-results"):
-        tables.aggregate([sweep], "toy", metrics=["test/map/acc"], results_dir=repo / "results")
+        tables.aggregate([sweep], "toy", spec=TableSpec(metrics=["test/map/acc"]), results_dir=repo / "results")
     with pytest.raises(ValueError, match="either results_dir"):
         tables.aggregate([sweep], "toy", results_dir=tmp_path, commit_results=True)
     with pytest.raises(ValueError, match="--commit-results needs --preset"):  # the command line's rule
-        tables.aggregate([sweep], "t", metrics=["test/map/acc"], commit_results=True)
+        tables.aggregate([sweep], "t", spec=TableSpec(metrics=["test/map/acc"]), commit_results=True)
     with pytest.raises(ValueError, match=r"--name 'toy' with --commit-results: preset 't' writes results/t\.\*"):
-        tables.aggregate([sweep], "toy", metrics=["test/map/acc"], commit_results=True, preset=preset_t)
+        tables.aggregate([sweep], "toy", spec=TableSpec(metrics=["test/map/acc"]), commit_results=True, preset=preset_t)
     assert not (repo / "results").exists()
-    paths = tables.aggregate([sweep], "t", metrics=["test/map/acc"], commit_results=True, preset=preset_t,
-                             allow_mixed=True)
+    paths = tables.aggregate([sweep], "t", spec=TableSpec(metrics=["test/map/acc"]), commit_results=True,
+                             preset=preset_t, admission=Admission(allow_mixed=True))
     assert [p.parent for p in paths] == [repo / "results"] * 3
 
 
@@ -434,7 +442,7 @@ def test_header_has_no_absolute_paths(sweep, tmp_path):
     job = finished_jobs(sweep)[0]
     overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
     (job / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([*overrides, f"paths.output_root={cwd}/o"]))
-    paths = tables.aggregate([sweep], "toy", metrics=["test/map/acc"], results_dir=tmp_path / "r")
+    paths = tables.aggregate([sweep], "toy", spec=TableSpec(metrics=["test/map/acc"]), results_dir=tmp_path / "r")
     md = paths[0].read_text()
     assert ("- command (recorded at launch): python -m laplace_lab.train -m x=1 paths.output_root=outputs "
             "'paths.data_dir=<outside the repository>/data'") in md
@@ -473,7 +481,8 @@ def test_many_launch_commands_are_summarised_and_each_jobs_is_in_the_jobs_csv(sw
     with pytest.raises(tables.ProvenanceError, match=rf"launched by {len(jobs)} different commands \(1 job each\) "
                                                       r"that share \[experiment=toy\] and differ in x, y\."):
         tables.aggregate([sweep], "many", results_dir=tmp_path / "r")
-    md, _, jobs_path = tables.aggregate([sweep], "many", results_dir=tmp_path / "r", allow_mixed_launches=True)
+    md, _, jobs_path = tables.aggregate([sweep], "many", results_dir=tmp_path / "r",
+                                        admission=Admission(allow_mixed_launches=True))
     text = md.read_text()
     assert f"- commands (recorded at launch): {len(jobs)} different; each job's is in the `command` column" in text
     assert "- command (recorded at launch)" not in text
@@ -504,8 +513,8 @@ def test_a_skipped_job_is_of_the_launch_that_skipped_it_with_the_command_that_ra
     with open(sweep / "launches.jsonl", "a") as f:
         f.write(json.dumps({"launch_id": "L0", "command": "python -m laplace_lab.train -m x=0"}) + "\n")
     assert summarize(sweep, "L1")["skipped"] == [job.name] and summarize(sweep, "L0")["counts"]["skipped"] == 0
-    md, *_ = tables.aggregate([sweep], "toy", metrics=["test/map/acc"], results_dir=tmp_path / "r",
-                              launch_id="L1", allow_mixed_launches=True)
+    md, *_ = tables.aggregate([sweep], "toy", spec=TableSpec(metrics=["test/map/acc"]), results_dir=tmp_path / "r",
+                              admission=Admission(launch_id="L1", allow_mixed_launches=True))
     text = md.read_text()
     assert "runs: 5 finished jobs" in text and "[x=1] (4 jobs); [x=0] (1 job)" in text
     assert "- command (recorded at launch): python -m laplace_lab.train -m x=0" in text
@@ -517,7 +526,8 @@ def test_a_skipped_job_is_of_the_launch_that_skipped_it_with_the_command_that_ra
 def test_non_finite_values_are_left_out_counted_and_listed(sweep, tmp_path):
     nan_job = make_job(sweep, "mlp", "kron", 3, {"test/map/acc": float("nan"), "test/la/nll": 0.25})
     inf_job = make_job(sweep, "mlp", "kron", 4, {"test/map/acc": 0.9, "test/la/nll": float("inf")})
-    md, csv_path, jobs_path = tables.aggregate([sweep], "toy", metrics=["test/map/acc", "test/la/nll"],
+    md, csv_path, jobs_path = tables.aggregate([sweep], "toy",
+                                               spec=TableSpec(metrics=["test/map/acc", "test/la/nll"]),
                                                results_dir=tmp_path / "r")
     row = next(r for r in read_csv(csv_path) if r["model"] == "mlp")
     acc = [m["test/map/acc"] for m in VALUES[("mlp", "kron")].values()] + [0.9]
@@ -539,7 +549,8 @@ def test_corrupt_job_files_are_reported_not_dropped(sweep, tmp_path, caplog):
     (jobs[0] / "metrics.json").write_text('{"test/map/acc": 0.9')  # truncated
     (jobs[1] / "status.json").write_text("")
     (jobs[2] / "metrics.json").unlink()
-    md, csv_path, _ = tables.aggregate([sweep], "toy", metrics=["test/map/acc"], results_dir=tmp_path / "r")
+    md, csv_path, _ = tables.aggregate([sweep], "toy", spec=TableSpec(metrics=["test/map/acc"]),
+                                       results_dir=tmp_path / "r")
     text = md.read_text()
     section = text.split("## Job folders left out (unreadable files)")[1]
     assert f"`multirun/{jobs[0].name}`: metrics.json is not valid JSON" in section
@@ -587,7 +598,8 @@ def test_reference_section_from_the_preset_files(sweep, tmp_path, repo):
          "rhs": {"row": {"model": "lenet"}, "metric": "test/map/acc"}}]}
     (repo / "experiments" / "paper").mkdir(parents=True)
     (repo / "experiments" / "paper" / "reference.yaml").write_text(yaml.safe_dump(refs))
-    md, *_ = tables.aggregate([sweep], "toy", preset="toy", metrics=["test/map/acc"], results_dir=tmp_path / "r")
+    md, *_ = tables.aggregate([sweep], "toy", spec=TableSpec(metrics=["test/map/acc"]), preset="toy",
+                              results_dir=tmp_path / "r")
     text = md.read_text()
     assert "From `experiments/paper/reference.yaml`" in text
     assert "| test/map/acc [model=mlp] (acc) | 0.93 ± 0.001 | 0.93 ± 0.01155 (n=3) | **reproduces** |" in text
@@ -636,8 +648,9 @@ def test_group_by_the_devices_a_job_recorded(sweep, tmp_path):
         status["devices"] = {"cuda_visible_devices": str(i % 2), "torch_device": "cuda:0", "accelerator": "cuda",
                              "device_ids": [0], "cuda_device_names": ["fake"]}
         (job / "status.json").write_text(json.dumps(status))
-    tables.aggregate([sweep], name="dev", metrics=["test/map/acc"], group_by=["devices.cuda_visible_devices"],
-                     results_dir=tmp_path / "res", allow_mixed=True)
+    tables.aggregate([sweep], "dev",
+                     spec=TableSpec(metrics=["test/map/acc"], group_by=["devices.cuda_visible_devices"]),
+                     results_dir=tmp_path / "res", admission=Admission(allow_mixed=True))
     rows = read_csv(tmp_path / "res" / "dev.csv")
     assert sorted(r["devices.cuda_visible_devices"] for r in rows) == ["0", "1"]
     assert sum(int(r["test/map/acc n"]) for r in rows) == len(finished_jobs(sweep))
@@ -664,8 +677,10 @@ def test_table_figures_draw_the_seed_mean_per_epoch_from_the_jobs_csv(sweep, tmp
                                          "augmentation/rotation") for s in range(3)]
     epochs, mean, lo, hi = table_figures.seed_band(series)
     assert epochs == [1, 2, 3] and mean == pytest.approx([0.2, 0.4, 0.7]) and lo == [0.1, 0.3, 0.5] and hi == [0.3, 0.5, 0.9]
-    md, *_ = tables.aggregate([sweep], "eta", metrics=["test/map/acc"], results_dir=tmp_path / "r",
-                             figures=["augmentation_eta_rotation", "augmentation_eta_translate_x"])
+    md, *_ = tables.aggregate([sweep], "eta",
+                              spec=TableSpec(metrics=["test/map/acc"],
+                                             figures=["augmentation_eta_rotation", "augmentation_eta_translate_x"]),
+                              results_dir=tmp_path / "r")
     png = tmp_path / "r" / "eta_figures" / "augmentation_eta_rotation.png"
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 5000
     assert not (tmp_path / "r" / "eta_figures" / "augmentation_eta_translate_x.png").exists()  # no job logs it
@@ -679,7 +694,8 @@ def test_derived_mean_over_a_pattern_is_computed_per_job(tmp_path):
         angles = {f"shift/rot_{a}/la/ece": v for a, v in zip((0, 15, 30), curve)}
         make_job(sweep, "mlp", "kron", seed, {**angles, "shift/rot_0/la/nll": 9.0, "test/la/ece": 0.05})
     name = "mean(shift/rot_*/la/ece)"
-    _, csv_path, jobs = tables.aggregate([sweep], "toy", metrics=[name, "test/la/ece"], results_dir=tmp_path / "r")
+    _, csv_path, jobs = tables.aggregate([sweep], "toy", spec=TableSpec(metrics=[name, "test/la/ece"]),
+                                         results_dir=tmp_path / "r")
     per_seed = [statistics.fmean(c) for c in curves.values()]
     (row,) = read_csv(csv_path)
     assert abs(float(row[f"{name} mean"]) - statistics.fmean(per_seed)) < 1e-12  # nll at rot_0 not matched
@@ -691,9 +707,11 @@ def test_derived_mean_refuses_unmatched_or_uneven_patterns(tmp_path):
     make_job(sweep, "mlp", "kron", 0, {"shift/rot_0/la/ece": 0.1, "shift/rot_15/la/ece": 0.2})
     make_job(sweep, "mlp", "kron", 1, {"shift/rot_0/la/ece": 0.1})  # a shorter curve
     with pytest.raises(ValueError, match=r"averages different keys in different jobs"):
-        tables.aggregate([sweep], "toy", metrics=["mean(shift/rot_*/la/ece)"], results_dir=tmp_path / "r")
+        tables.aggregate([sweep], "toy", spec=TableSpec(metrics=["mean(shift/rot_*/la/ece)"]),
+                         results_dir=tmp_path / "r")
     with pytest.raises(ValueError, match=r"matches no metric of any job"):
-        tables.aggregate([sweep], "toy", metrics=["mean(shift/rot_*/map/ece)"], results_dir=tmp_path / "r")
+        tables.aggregate([sweep], "toy", spec=TableSpec(metrics=["mean(shift/rot_*/map/ece)"]),
+                         results_dir=tmp_path / "r")
 
 
 def test_derived_mean_is_non_finite_when_one_point_is(tmp_path):
@@ -701,6 +719,6 @@ def test_derived_mean_is_non_finite_when_one_point_is(tmp_path):
     make_job(sweep, "mlp", "kron", 0, {"shift/rot_0/la/ece": 0.1, "shift/rot_15/la/ece": float("nan")})
     make_job(sweep, "mlp", "kron", 1, {"shift/rot_0/la/ece": 0.3, "shift/rot_15/la/ece": 0.5})
     name = "mean(shift/rot_*/la/ece)"
-    _, csv_path, _ = tables.aggregate([sweep], "toy", metrics=[name], results_dir=tmp_path / "r")
+    _, csv_path, _ = tables.aggregate([sweep], "toy", spec=TableSpec(metrics=[name]), results_dir=tmp_path / "r")
     (row,) = read_csv(csv_path)
     assert float(row[f"{name} mean"]) == pytest.approx(0.4) and row[f"{name} nonfinite"] == "1"

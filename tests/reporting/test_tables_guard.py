@@ -13,6 +13,7 @@ import pytest
 from laplace_lab.io import atomic
 from laplace_lab.reporting import table_commit, tables
 from laplace_lab.reporting.table_commit import ShrinkingTable
+from laplace_lab.reporting.table_spec import Admission, TableSpec
 
 from .test_tables import make_job, preset_t, read_csv, repo, sweep  # noqa: F401
 
@@ -21,7 +22,7 @@ def test_failed_and_unfinished_jobs_are_named_with_why(sweep, tmp_path):  # noqa
     failed = next(sweep.glob("*curvature=full*seed=0*"))
     status = json.loads((failed / "status.json").read_text())
     (failed / "status.json").write_text(json.dumps({**status, "error": "RuntimeError: boom"}))
-    md = tables.aggregate([sweep], "t", metrics=["test/map/acc"])[0].read_text()
+    md = tables.aggregate([sweep], "t", spec=TableSpec(metrics=["test/map/acc"]))[0].read_text()
     section = md.split("## Jobs left out (not finished)")[1]
     assert f"`multirun/{failed.name}`: failed (RuntimeError: boom)" in section
     assert "seed=1`: unfinished (state running: still running, or killed before its end)" in section
@@ -42,19 +43,19 @@ def test_a_huge_integer_is_left_out_as_non_finite(tmp_path):
     make_job(folder, "mlp", "kron", 0, {"test/map/acc": 0.5})
     job = make_job(folder, "mlp", "kron", 1, {"test/map/acc": 0.7})
     (job / "metrics.json").write_text('{"test/map/acc": ' + "9" * 400 + "}")
-    md = tables.aggregate([folder], "t", metrics=["test/map/acc"])[0].read_text()
+    md = tables.aggregate([folder], "t", spec=TableSpec(metrics=["test/map/acc"]))[0].read_text()
     assert "0.5000 (n=1; 1 non-finite left out)" in md and "test/map/acc = inf" in md
 
 
 def test_results_subfolders_need_commit_results(sweep, repo):  # noqa: F811
     with pytest.raises(ValueError, match="holds the committed tables: write there only with --commit-results"):
-        tables.aggregate([sweep], "t", metrics=["test/map/acc"], results_dir=repo / "results" / "sub")
+        tables.aggregate([sweep], "t", spec=TableSpec(metrics=["test/map/acc"]), results_dir=repo / "results" / "sub")
     assert not (repo / "results").exists()
 
 
 def test_commit_results_refuses_a_smaller_table_and_removes_stale_figures(sweep, tmp_path, repo, preset_t):  # noqa: F811
-    commit = {"commit_results": True, "preset": preset_t, "allow_mixed": True}
-    full = tables.aggregate([sweep], "t", metrics=["test/map/acc"], figures=["reliability"], **commit)
+    commit = {"commit_results": True, "preset": preset_t, "admission": Admission(allow_mixed=True)}
+    full = tables.aggregate([sweep], "t", spec=TableSpec(metrics=["test/map/acc"], figures=["reliability"]), **commit)
     figures = repo / "results" / "t_figures"
     assert sorted(p.name for p in figures.iterdir()) == ["model=lenet,curvature=diag__reliability.png",
                                                          "model=mlp,curvature=kron__reliability.png"]
@@ -65,7 +66,7 @@ def test_commit_results_refuses_a_smaller_table_and_removes_stale_figures(sweep,
     make_job(small, "mlp", "kron", 0, {"test/map/acc": 0.1})
     with pytest.raises(ShrinkingTable, match=r"by a smaller table: 1 jobs \(the committed table has 5\); seeds missing: "
                                              r"seed=1, seed=2; rows missing: model=lenet,curvature=diag"):
-        tables.aggregate([small], "t", metrics=["test/map/acc"], figures=["reliability"], **commit)
+        tables.aggregate([small], "t", spec=TableSpec(metrics=["test/map/acc"], figures=["reliability"]), **commit)
     assert {p: p.read_text() for p in full} == before  # nothing written
     cli = [str(small), "--preset", "t", "--allow-mixed", "--metrics", "test/map/acc", "--commit-results", "--figures",
            "reliability"]  # (--allow-mixed: the stand-in preset is in no commit)
@@ -75,13 +76,13 @@ def test_commit_results_refuses_a_smaller_table_and_removes_stale_figures(sweep,
     assert [r["n"] for r in read_csv(repo / "results" / "t.csv")] == ["1"]
     assert sorted(p.name for p in figures.iterdir()) == ["model=mlp,curvature=kron__reliability.png", "other.png"]
     # the same or a bigger table replaces it without the flag
-    tables.aggregate([sweep], "t", metrics=["test/map/acc"], **commit)
+    tables.aggregate([sweep], "t", spec=TableSpec(metrics=["test/map/acc"]), **commit)
 
 
 def test_the_three_files_are_written_whole(sweep, tmp_path, monkeypatch):  # noqa: F811
     """A write that dies while the files are written leaves the old files, not cut-off ones, and no
     temporary file."""
-    paths = tables.aggregate([sweep], "t", metrics=["test/map/acc"])
+    paths = tables.aggregate([sweep], "t", spec=TableSpec(metrics=["test/map/acc"]))
     old = {p: p.read_text() for p in paths}
     calls = {"n": 0}
     real = atomic._fsync
@@ -94,7 +95,7 @@ def test_the_three_files_are_written_whole(sweep, tmp_path, monkeypatch):  # noq
 
     monkeypatch.setattr(atomic, "_fsync", dies_on_the_second)
     with pytest.raises(KeyboardInterrupt):
-        tables.aggregate([sweep], "t", metrics=["test/map/acc", "test/la/nll"])
+        tables.aggregate([sweep], "t", spec=TableSpec(metrics=["test/map/acc", "test/la/nll"]))
     assert {p: p.read_text() for p in paths} == old
     assert not [p for p in sweep.iterdir() if p.name.endswith(".tmp") or p.name.endswith(".writing.json")]
 
@@ -103,7 +104,7 @@ def test_the_three_files_become_visible_together(sweep, tmp_path, monkeypatch): 
     """``kill -9`` between two renames (simulated: the process stops after the first): the journal
     stays, and the next reader (``committed_shape``, a table write) completes the set, so no new
     ``.md`` is ever read beside an old ``.csv``."""
-    paths = tables.aggregate([sweep], "t", metrics=["test/map/acc"])
+    paths = tables.aggregate([sweep], "t", spec=TableSpec(metrics=["test/map/acc"]))
     real = os.replace
     calls = {"n": 0}
 
@@ -115,7 +116,7 @@ def test_the_three_files_become_visible_together(sweep, tmp_path, monkeypatch): 
 
     monkeypatch.setattr(atomic.os, "replace", killed_after_the_first_rename)
     with pytest.raises(SystemExit):
-        tables.aggregate([sweep], "t", metrics=["test/map/acc", "test/la/nll"])
+        tables.aggregate([sweep], "t", spec=TableSpec(metrics=["test/map/acc", "test/la/nll"]))
     monkeypatch.setattr(atomic.os, "replace", real)
     journal = table_commit.table_journal(sweep, "t")
     assert journal.is_file() and "test/la/nll" in paths[0].read_text()  # the new .md, beside
@@ -131,4 +132,4 @@ def test_the_refusal_of_dirty_jobs_says_a_relaunch_skips_them(sweep, repo):  # n
     status = json.loads((job / "status.json").read_text())
     (job / "status.json").write_text(json.dumps({**status, "git": {**status["git"], "dirty": True}}))
     with pytest.raises(tables.ProvenanceError, match=r"a relaunch skips finished jobs: launch into a new folder"):
-        tables.aggregate([sweep], "t", metrics=["test/map/acc"])
+        tables.aggregate([sweep], "t", spec=TableSpec(metrics=["test/map/acc"]))

@@ -12,6 +12,7 @@ import pytest
 
 from laplace_lab.io import atomic
 from laplace_lab.reporting import tables
+from laplace_lab.reporting.table_spec import TableSpec
 from laplace_lab.sweeps import progress
 from laplace_lab.sweeps.status import read_launches, record_launch
 from laplace_lab.train import run
@@ -56,7 +57,7 @@ def test_a_cut_off_launch_line_is_named_skipped_and_not_appended_onto(tmp_path, 
     with caplog.at_level(logging.WARNING):
         assert [launch["launch_id"] for launch in read_launches(sweep)] == ["L1"]
     assert f"{sweep / 'launches.jsonl'}: line 2 left out: not valid JSON" in caplog.text
-    paths = tables.aggregate([sweep], "t", metrics=["test/map/acc"])  # the table is written, its job's launch known
+    paths = tables.aggregate([sweep], "t", spec=TableSpec(metrics=["test/map/acc"]))  # the table is written, its job's launch known
     assert "x=1" in paths[0].read_text() and job.name in paths[2].read_text()
     record_launch(sweep, {"launch_id": "L3", "command": "c"})
     assert [launch["launch_id"] for launch in read_launches(sweep)] == ["L1", "L3"]

@@ -94,6 +94,7 @@ from laplace_lab.reporting.table_commit import (
     settled_table,
     table_journal,
 )
+from laplace_lab.reporting.table_spec import Admission, TableSpec
 from laplace_lab.sweeps import run_only
 from laplace_lab.sweeps.run_only import parse_value
 from laplace_lab.sweeps.status import (
@@ -630,32 +631,34 @@ def _duplicates_message(dups: list[list[Run]], sweep_dirs: list[Path]) -> str:
             "or aggregate their sweeps separately.")
 
 
-def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None = None,
-              group_by: list[str] | None = None, seed_keys: list[str] | tuple[str, ...] | None = None,
-              results_dir: str | Path | None = None, figures: list[str] | None = None,
-              model_selection: dict[str, Any] | None = None, preset: str | None = None,
-              reference: str | Path | None = None, commit_results: bool = False, allow_mixed: bool = False,
-              allow_mixed_launches: bool = False, launch_id: str | None = None,
-              absent_metrics: str = "error", allow_smaller: bool = False) -> list[Path]:
+def aggregate(sweep_dirs: list[str | Path], name: str, spec: TableSpec | None = None,
+              results_dir: str | Path | None = None, preset: str | None = None,
+              reference: str | Path | None = None, commit_results: bool = False,
+              admission: Admission | None = None) -> list[Path]:
     """Write ``<name>.md``, ``<name>.csv`` and ``<name>.jobs.csv`` from the finished runs; returns them.
 
-    ``results_dir``: default the first sweep folder; ``commit_results`` writes into
-    ``COMMITTED_RESULTS`` (``results/``), the only way to write there, and needs ``preset``: it
-    writes that preset's own table (``check_commit_name``). ``figures``: names of
-    ``figures/<fig>.png`` to copy, from each group's first seed, into ``<results_dir>/<name>_figures/``.
-    ``model_selection``: a ``laplace_lab.reporting.model_selection`` spec (a ranking section). ``preset`` /
+    ``spec`` (``table_spec.TableSpec``, default ``TableSpec()``): metrics, group-by and seed keys,
+    ``figures`` (names of ``figures/<fig>.png`` to copy, from each group's first seed, into
+    ``<results_dir>/<name>_figures/``), ``model_selection`` (a ranking section) and
+    ``absent_metrics`` (``"error"`` or ``"omit"``: a partial sweep, e.g. one data set of a preset
+    whose metrics cover two). ``results_dir``: default the first sweep folder; ``commit_results``
+    writes into ``COMMITTED_RESULTS`` (``results/``), the only way to write there, and needs
+    ``preset``: it writes that preset's own table (``check_commit_name``). ``preset`` /
     ``reference``: the reference files whose verdicts make the "Reference numbers" section, and the
-    preset the jobs' commit must contain. Raises ``ProvenanceError`` (before writing) when the jobs
-    are not from one clean commit (unless ``allow_mixed``) or one launch command (unless
-    ``allow_mixed_launches``), or when a job appears twice. ``launch_id``: only that launch's jobs.
-    ``absent_metrics``: what a metric that no run has does: ``"error"`` (a ValueError naming the
-    metrics the runs have) or ``"omit"`` (left out of the table and named under it: a partial sweep,
-    e.g. one data set of a preset whose metrics cover two). ``allow_smaller``: let ``commit_results``
-    replace a committed table by one with fewer jobs, seeds or rows (``table_commit``). The three
-    files are rendered first, then become visible together (``io.atomic.write_texts_together``:
-    a write cut between its renames is completed by the next reader, ``table_commit.settled_table``); figures of a requested name that
-    this table no longer has are removed from ``<name>_figures/``.
+    preset the jobs' commit must contain. ``admission`` (``table_spec.Admission``, default
+    ``Admission()``): raises ``ProvenanceError`` (before writing) when the jobs are not from one
+    clean commit (unless ``allow_mixed``) or one launch command (unless ``allow_mixed_launches``),
+    or when a job appears twice; ``launch_id``: only that launch's jobs; ``allow_smaller``: let
+    ``commit_results`` replace a committed table by one with fewer jobs, seeds or rows
+    (``table_commit``). The three files are rendered first, then become visible together
+    (``io.atomic.write_texts_together``: a write cut between its renames is completed by the next
+    reader, ``table_commit.settled_table``); figures of a requested name that this table no longer
+    has are removed from ``<name>_figures/``.
     """
+    spec = TableSpec() if spec is None else spec
+    admission = Admission() if admission is None else admission
+    metrics, group_by, figures, absent_metrics = spec.metrics, spec.group_by, spec.figures, spec.absent_metrics
+    model_selection = spec.model_selection
     if absent_metrics not in ABSENT_METRICS:
         raise ValueError(f"absent_metrics={absent_metrics!r}; allowed: {list(ABSENT_METRICS)}")
     if model_selection is not None:
@@ -677,8 +680,8 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     smoke = is_smoke_choice(preset)
     preset = preset.rsplit("/", 1)[0] if smoke else preset  # a smoke variant is judged by its preset's files
     references = _references(preset, reference)
-    seeds = tuple(DEFAULT_SEED_KEYS if seed_keys is None else seed_keys)
-    loaded = load_runs(dirs, launch_id)
+    seeds = tuple(DEFAULT_SEED_KEYS if spec.seed_keys is None else spec.seed_keys)
+    loaded = load_runs(dirs, admission.launch_id)
     runs = loaded.runs
     if not runs:
         raise ValueError(f"no finished runs (metrics.json with {STATUS_FILE} state 'finished') under "
@@ -696,12 +699,12 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     launches = run_launches(runs, dirs)
     commit_issues = commit_problems(runs, preset, label=lambda path: _relative(path, dirs))
     launch_issues = launch_problems(runs, launches)
-    if commit_issues and not allow_mixed:
+    if commit_issues and not admission.allow_mixed:
         raise ProvenanceError(f"refusing to write table {name!r}: " + "; ".join(commit_issues)
                               + ". Rerun the jobs from one clean commit (a relaunch skips finished jobs: launch into "
                               "a new folder with hydra.sweep.dir=..., or delete the jobs' folders first), or pass "
                               "--allow-mixed (allow_mixed=True): the table then names the commit of every row.")
-    if launch_issues and not allow_mixed_launches:
+    if launch_issues and not admission.allow_mixed_launches:
         raise ProvenanceError(f"refusing to write table {name!r}: " + "; ".join(launch_issues)
                               + ". Aggregate each launch's sweep folder separately, or pass --allow-mixed-launches.")
     keys = list(group_by) if group_by is not None else default_group_by(runs, seeds)
@@ -723,7 +726,7 @@ def aggregate(sweep_dirs: list[str | Path], name: str, metrics: list[str] | None
     if commit_results:  # before anything is written
         shape = TableShape(jobs=len(runs), seeds=seed_set(r["seeds"] for r in rows), columns=tuple(keys),
                            rows=frozenset(tuple(str(r[k]) for k in keys) for r in rows))
-        check_replacement(out, name, shape, allow_smaller)
+        check_replacement(out, name, shape, admission.allow_smaller)
     out.mkdir(parents=True, exist_ok=True)
     md, csv_path, jobs_path = settled_table(out, name)
     copied = copy_figures(runs, keys, list(figures or ()), seeds, out / f"{name}_figures")
@@ -773,9 +776,10 @@ def aggregate_sweep(sweep_dir: str | Path, spec: dict[str, Any], launch_id: str 
     stated in the header rather than refused; ``tables --commit-results`` is the strict path."""
     spec = dict(spec)
     results_dir = spec.pop("results_dir", None)
+    name = spec.pop("name")
     out = Path(sweep_dir) if results_dir is None else inside(results_dir, sweep_dir, "aggregate.results_dir")
-    return aggregate([sweep_dir], results_dir=out, preset=preset, launch_id=launch_id, allow_mixed=True,
-                     allow_mixed_launches=True, absent_metrics="omit", **spec)
+    return aggregate([sweep_dir], name, TableSpec(**spec, absent_metrics="omit"), results_dir=out, preset=preset,
+                     admission=Admission(launch_id=launch_id, allow_mixed=True, allow_mixed_launches=True))
 
 
 def preset_file(preset: str) -> Path:
@@ -855,12 +859,13 @@ def main(argv: list[str] | None = None) -> None:
         if not args.sweep_dirs and not args.preset:
             p.error("give the multirun folder(s), or --preset for its default folder")
         sweep_dirs = args.sweep_dirs or [default_sweep_dir(args.preset)]
-        paths = aggregate(sweep_dirs, name, args.metrics or spec.get("metrics"), args.group_by or spec.get("group_by"),
-                          args.seed_keys or spec.get("seed_keys") or list(DEFAULT_SEED_KEYS), args.results_dir,
-                          args.figures or spec.get("figures"), spec.get("model_selection"), preset=args.preset,
-                          reference=args.reference, commit_results=args.commit_results,
-                          allow_mixed=args.allow_mixed, allow_mixed_launches=args.allow_mixed_launches,
-                          allow_smaller=args.allow_smaller)
+        table = TableSpec(metrics=args.metrics or spec.get("metrics"), group_by=args.group_by or spec.get("group_by"),
+                          seed_keys=args.seed_keys or spec.get("seed_keys") or list(DEFAULT_SEED_KEYS),
+                          figures=args.figures or spec.get("figures"), model_selection=spec.get("model_selection"))
+        admission = Admission(allow_mixed=args.allow_mixed, allow_mixed_launches=args.allow_mixed_launches,
+                              allow_smaller=args.allow_smaller)
+        paths = aggregate(sweep_dirs, name, table, args.results_dir, preset=args.preset, reference=args.reference,
+                          commit_results=args.commit_results, admission=admission)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"python -m laplace_lab.reporting.tables: error: {err}")
     for path in paths:
