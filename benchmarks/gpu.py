@@ -68,6 +68,7 @@ except ImportError:  # a bare checkout (e.g. a GPU machine without the package i
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from laplace_lab.laplace import Laplace  # noqa: E402
+from laplace_lab.training.module import MAPOptimisation
 
 try:  # the engine's TF32 switch (absent in older checkouts: before/after comparisons)
     from laplace_lab.laplace import precision
@@ -485,7 +486,8 @@ def part_marglik(runner, args, peers, data):
 
         def fn():
             model = fresh()
-            module = MAPCore(model, "classification", n_data=len(X), optimizer=lambda p: torch.optim.Adam(p, lr=1e-3))
+            module = MAPCore(model, "classification", n_data=len(X),
+                             optimisation=MAPOptimisation(optimizer=lambda p: torch.optim.Adam(p, lr=1e-3)))
             callbacks = [] if curvature is None else [_Core.make(curvature, fused, args.n_steps, fit_batch_size)]
             PlainTrainer(1, device, callbacks=callbacks).fit(module, TensorDataModule(X, y, 128))
             if not callbacks:

@@ -25,6 +25,7 @@ from laplace_lab.laplace.linear_mode import fit_linear_mode
 from laplace_lab.models import LeNet
 from laplace_lab.training import MAPModule
 from laplace_lab.training.hyperparameters import example_input
+from laplace_lab.training.module import MAPOptimisation
 
 
 def parse(value: str):
@@ -44,7 +45,8 @@ def main() -> None:
                           n_train_subset=n_train, batch_size=16, download=False)
     dm.setup("fit")
     model = LeNet((1, 28, 28), 10, norm="batchnorm")
-    module = MAPModule(model, "classification", n_data=dm.n_train, optimizer=lambda p: torch.optim.Adam(p, lr=1e-3))
+    module = MAPModule(model, "classification", n_data=dm.n_train,
+                       optimisation=MAPOptimisation(optimizer=lambda p: torch.optim.Adam(p, lr=1e-3)))
     trainer = pl.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_progress_bar=False,
                          enable_checkpointing=False, enable_model_summary=False, limit_val_batches=0)
     start = time.process_time()

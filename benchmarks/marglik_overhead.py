@@ -38,6 +38,7 @@ from torch import nn
 from laplace_lab.data import VisionDataModule
 from laplace_lab.models import LeNet
 from laplace_lab.training import MAPModule
+from laplace_lab.training.module import MAPOptimisation
 from laplace_lab.training.online_marglik import OnlineMarglik, OnlineMarglikOptions
 
 DATA_DIR = os.environ.get("LAPLACE_LAB_DATA_DIR", "data")  # as conf/paths: the env, else data/
@@ -90,7 +91,7 @@ def run_ours(dm, epochs, n_steps, structure_type=None, fused=False):
     torch.manual_seed(0)
     model = LeNet((1, 28, 28), 10)
     module = MAPModule(model, "classification", n_data=len(dm.train_set),
-                       optimizer=lambda p: torch.optim.Adam(p, lr=1e-3))
+                       optimisation=MAPOptimisation(optimizer=lambda p: torch.optim.Adam(p, lr=1e-3)))
     timer = EpochTimer()
     callbacks = [timer]
     marglik = None

@@ -21,6 +21,7 @@ from laplace_lab.evaluation.options import EvalConfig
 from laplace_lab.models import LeNet
 from laplace_lab.reporting.reference import load_reference
 from laplace_lab.training import MAPModule
+from laplace_lab.training.module import MAPOptimisation
 from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +42,8 @@ def tiny(tmp_path_factory):
     dm.setup("fit")
     dm.ood_dataloaders = lambda: {"fashion_mnist": VisionDataModule.ood_dataloaders(dm)["fake_data"]}
     torch.manual_seed(0)
-    module = MAPModule(LeNet((3, 32, 32), 10), "classification", n_data=64, optimizer=partial(torch.optim.Adam, lr=1e-3))
+    module = MAPModule(LeNet((3, 32, 32), 10), "classification", n_data=64,
+                       optimisation=MAPOptimisation(optimizer=partial(torch.optim.Adam, lr=1e-3)))
     opt = torch.optim.Adam(module.model.parameters(), lr=1e-2)
     X, y = next(iter(dm.train_eval_dataloader(64)))
     for _ in range(20):

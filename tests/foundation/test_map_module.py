@@ -9,13 +9,15 @@ import torch
 from torch import nn
 
 from laplace_lab.training import MAPModule
+from laplace_lab.training.module import MAPOptimisation
 from laplace_lab.training.nll import summed_nll
 
 
 def make_module(likelihood="regression", prior=None, n_out=2, **kw):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, n_out))
-    return MAPModule(model, likelihood, n_data=50, optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+    return MAPModule(model, likelihood, n_data=50,
+                     optimisation=MAPOptimisation(optimizer=lambda p: torch.optim.SGD(p, lr=0.1)),
                      prior_precision=prior if prior is not None else 1.0, **kw)
 
 
@@ -75,7 +77,8 @@ def test_hyperparameter_buffers_follow_the_model_dtype(tmp_path):
     setters, and through a state-dict round trip (what a checkpoint restore does)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double()
-    module = MAPModule(model, "regression", n_data=50, optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+    module = MAPModule(model, "regression", n_data=50,
+                       optimisation=MAPOptimisation(optimizer=lambda p: torch.optim.SGD(p, lr=0.1)),
                        prior_precision=0.1, sigma_noise=0.8)
     assert module.prior_precision.dtype == module.log_sigma_noise.dtype == torch.float64
     assert module.sigma_noise.item() == pytest.approx(0.8, rel=1e-15)  # float32 would be off by 1.5e-8
@@ -94,7 +97,7 @@ def test_hyperparameter_buffers_follow_the_model_dtype(tmp_path):
     module.set_prior_precision(torch.tensor([0.25 + 1e-12, 1.0, 2.0, 3.0], dtype=torch.float64))
     torch.save(module.state_dict(), tmp_path / "state.pt")
     restored = MAPModule(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).double(), "regression",
-                         n_data=50, optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+                         n_data=50, optimisation=MAPOptimisation(optimizer=lambda p: torch.optim.SGD(p, lr=0.1)))
     restored.load_state_dict(torch.load(tmp_path / "state.pt"))
     assert restored.log_sigma_noise.dtype == restored.prior_precision.dtype == torch.float64
     assert torch.equal(restored.log_sigma_noise, module.log_sigma_noise)

@@ -11,7 +11,7 @@ from torch import nn
 from laplace_lab.laplace import Laplace
 from laplace_lab.laplace.priors import Prior
 from laplace_lab.training.hyperparameters import initial_log_prior, write_prior
-from laplace_lab.training.module import MAPModule
+from laplace_lab.training.module import MAPModule, MAPOptimisation
 
 SIZES = [6, 3, 4, 2, 5]
 GROUPS = torch.tensor([1, 1, 0, 3, 3])  # group 2 empty
@@ -71,7 +71,8 @@ def test_map_module_penalty(per_param):
     params = list(model.parameters())
     n = sum(p.numel() for p in params) if per_param else len(params)
     delta = torch.linspace(0.5, 3.0, n)
-    module = MAPModule(model, "regression", n_data=10, optimizer=lambda p: torch.optim.SGD(p, lr=0.1),
+    module = MAPModule(model, "regression", n_data=10,
+                       optimisation=MAPOptimisation(optimizer=lambda p: torch.optim.SGD(p, lr=0.1)),
                        prior_precision=delta)
     theta = torch.cat([p.detach().flatten() for p in params])
     per = delta.double() if per_param else torch.repeat_interleave(delta.double(), torch.tensor([p.numel() for p in params]))

@@ -8,6 +8,7 @@ from torch.utils.data import TensorDataset
 
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.training import MAPModule
+from laplace_lab.training.module import MAPOptimisation
 from laplace_lab.training.online_marglik import OnlineMarglik, OnlineMarglikOptions
 
 
@@ -27,7 +28,8 @@ def fit_online(model, dm, epochs, lr=1e-2, callback_kwargs=None, trainer_kwargs=
                ckpt_path=None, extra_callbacks=()):
     """Train ``model`` with online marglik; returns (module, callback, trainer)."""
     module = MAPModule(model, "regression", n_data=len(dm.train_set),
-                       optimizer=lambda p: torch.optim.Adam(p, lr=lr), prior_precision=prior, sigma_noise=sigma)
+                       optimisation=MAPOptimisation(optimizer=lambda p: torch.optim.Adam(p, lr=lr)),
+                       prior_precision=prior, sigma_noise=sigma)
     kwargs = dict(laplace_kwargs={"subset_of_weights": "all", "hessian_structure": "full", "curvature": "ggn"},
                   prior_structure="scalar", frequency=1, n_steps=10, lr_hyp=0.1, early_stopping=False)
     kwargs.update(callback_kwargs or {})

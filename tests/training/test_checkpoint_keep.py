@@ -12,6 +12,7 @@ from torch.utils.data import TensorDataset
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.training import MAPModule
 from laplace_lab.training.fit import build_callbacks
+from laplace_lab.training.module import MAPOptimisation
 from tests.conftest import run_config
 
 
@@ -31,7 +32,8 @@ def test_checkpoints_kept(tmp_path, monitor, want):
                       "checkpoint.every_n_epochs=1", f"checkpoint.monitor={monitor or 'null'}", "checkpoint.mode=min"])
     dm = LabDataModule(batch_size=10, seed=0)
     dm.train_set = dm.val_set = dm.test_set = TensorDataset(torch.randn(20, 2), torch.randn(20, 1))
-    module = MAPModule(nn.Linear(2, 1), "regression", n_data=20, optimizer=lambda p: torch.optim.SGD(p, lr=0.01))
+    module = MAPModule(nn.Linear(2, 1), "regression", n_data=20,
+                       optimisation=MAPOptimisation(optimizer=lambda p: torch.optim.SGD(p, lr=0.01)))
     seen = LastStep(tmp_path / "ckpt" / "last.ckpt")
     trainer = pl.Trainer(max_epochs=4, logger=False, callbacks=[seen, *build_callbacks(cfg, tmp_path)], accelerator="cpu",
                          enable_progress_bar=False, enable_model_summary=False)

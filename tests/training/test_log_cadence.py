@@ -12,6 +12,7 @@ from torch import nn
 
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.training import MAPModule
+from laplace_lab.training.module import MAPOptimisation
 
 
 def _logged_epochs(tmp_path, batch_size, log_every, epochs=12):
@@ -20,7 +21,8 @@ def _logged_epochs(tmp_path, batch_size, log_every, epochs=12):
     dm = LabDataModule(batch_size=batch_size, seed=0)
     dm.train_set = TensorDataset(torch.randn(20, 2), torch.randn(20, 1))
     dm.val_set = dm.test_set = TensorDataset(torch.randn(0, 2), torch.randn(0, 1))
-    module = MAPModule(nn.Linear(2, 1), "regression", n_data=20, optimizer=lambda p: torch.optim.SGD(p, lr=0.01))
+    module = MAPModule(nn.Linear(2, 1), "regression", n_data=20,
+                       optimisation=MAPOptimisation(optimizer=lambda p: torch.optim.SGD(p, lr=0.01)))
     logger = pl.loggers.CSVLogger(tmp_path)
     trainer = pl.Trainer(max_epochs=epochs, logger=logger, log_every_n_steps=log_every, enable_progress_bar=False,
                          enable_checkpointing=False, enable_model_summary=False, accelerator="cpu")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from laplace_lab.data import SinusoidDataModule
-from laplace_lab.training.module import MAPCore
+from laplace_lab.training.module import MAPCore, MAPOptimisation
 from laplace_lab.training.plain_loop import PlainTrainer, _optimizer_and_scheduler
 from laplace_lab.training.schedules import StepwiseCosine, scheduler_interval
 from tests.conftest import compose_config
@@ -35,7 +35,7 @@ def _module(base, schedule):
         return module.the_optimizer
 
     module = recorder(model=torch.nn.Linear(1, 1), likelihood="regression", n_data=N_TRAIN,
-                      optimizer=optimizer, lr_scheduler=schedule)
+                      optimisation=MAPOptimisation(optimizer=optimizer, lr_scheduler=schedule))
     module.lrs = []
     return module
 

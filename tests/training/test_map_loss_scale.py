@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector
 
-from laplace_lab.training.module import MAPCore
+from laplace_lab.training.module import MAPCore, MAPOptimisation
 from laplace_lab.training.online_marglik import OnlineMarglikCore, OnlineMarglikOptions
 from laplace_lab.training.plain_loop import PlainTrainer
 from tests.conftest import compose_config
@@ -38,9 +38,9 @@ def _data(n: int = 24):
 
 
 def _module(model, scale: str, n: int, sigma: float = 0.3, temperature: float = 1.0, prior=(0.5, 2.0, 3.0, 0.7)):
-    return MAPCore(model, "regression", n_data=n, optimizer=lambda p: torch.optim.SGD(p, lr=0.0),
-                   prior_precision=torch.tensor(prior), sigma_noise=sigma, temperature=temperature,
-                   loss_scale=scale)
+    return MAPCore(model, "regression", n_data=n,
+                   optimisation=MAPOptimisation(optimizer=lambda p: torch.optim.SGD(p, lr=0.0), loss_scale=scale),
+                   prior_precision=torch.tensor(prior), sigma_noise=sigma, temperature=temperature)
 
 
 def _peer_objective(model, X, y, delta_per_tensor, sigma: float, temperature: float) -> torch.Tensor:
@@ -94,8 +94,8 @@ def test_nll_scale_is_the_per_datum_log_joint():
 
 def _train_ours(scale: str, X, y, epochs: int, k: int):
     dm = TensorDataModule(X, y, batch_size=len(X))
-    module = MAPCore(_net(), "regression", n_data=len(X), optimizer=lambda p: torch.optim.Adam(p, lr=1e-2),
-                     loss_scale=scale)
+    module = MAPCore(_net(), "regression", n_data=len(X),
+                     optimisation=MAPOptimisation(optimizer=lambda p: torch.optim.Adam(p, lr=1e-2), loss_scale=scale))
     callback = OnlineMarglikCore(OnlineMarglikOptions({"subset_of_weights": "all", "hessian_structure": "full", "curvature": "ggn"},
                                                       prior_structure="layerwise", frequency=1, n_steps=k, burnin=1, lr_hyp=0.1,
                                                       early_stopping=False))
@@ -145,8 +145,9 @@ def test_fused_regression_ef_equals_the_exact_pass(scale):
     X, y = _data(32)
     histories = []
     for fused in (False, True):
-        module = MAPModule(_net(), "regression", n_data=len(X), optimizer=lambda p: torch.optim.SGD(p, lr=0.0),
-                           sigma_noise=0.5, loss_scale=scale)
+        module = MAPModule(_net(), "regression", n_data=len(X),
+                           optimisation=MAPOptimisation(optimizer=lambda p: torch.optim.SGD(p, lr=0.0), loss_scale=scale),
+                           sigma_noise=0.5)
         callback = OnlineMarglik(OnlineMarglikOptions({"subset_of_weights": "all", "hessian_structure": "kron", "curvature": "ef"},
                                                       prior_structure="layerwise", n_steps=5, early_stopping=False, fused=fused))
         trainer = pl.Trainer(max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -161,7 +162,8 @@ def test_bad_values_are_rejected():
     with pytest.raises(ValueError, match=r"map_loss_scale='sum' is not supported; allowed: \['nll', 'mse'\]"):
         _module(_net(), "sum", 10)
     with pytest.raises(ValueError, match=r"map_loss_scale='mse' needs likelihood 'regression'.*allowed.*\['nll'\]"):
-        MAPCore(_net(), "classification", n_data=10, optimizer=torch.optim.Adam, loss_scale="mse")
+        MAPCore(_net(), "classification", n_data=10,
+                optimisation=MAPOptimisation(optimizer=torch.optim.Adam, loss_scale="mse"))
 
 
 @pytest.mark.parametrize("overrides,pattern", [

@@ -11,6 +11,7 @@ from torch import nn
 
 from laplace_lab.laplace import Laplace
 from laplace_lab.training import MAPModule
+from laplace_lab.training.module import MAPOptimisation
 from laplace_lab.training.online_marglik import OnlineMarglik, OnlineMarglikOptions, marglik_epochs
 from tests.training.marglik_helpers import TensorDataModule, fit_online
 
@@ -184,7 +185,8 @@ def test_fused_mode_equals_the_exact_pass_when_weights_do_not_move(ctype):
     for fused in (False, True):
         dm = ClassDM(X, y[:, None], batch_size=16)
         dm.train_set = dm.val_set = dm.test_set = torch.utils.data.TensorDataset(X, y)
-        module = MAPModule(make(), "classification", n_data=48, optimizer=lambda p: torch.optim.SGD(p, lr=0.0))
+        module = MAPModule(make(), "classification", n_data=48,
+                           optimisation=MAPOptimisation(optimizer=lambda p: torch.optim.SGD(p, lr=0.0)))
         callback = OnlineMarglik(OnlineMarglikOptions({"subset_of_weights": "all", "hessian_structure": "kron", "curvature": ctype},
                                                       prior_structure="layerwise", n_steps=5, early_stopping=False, fused=fused))
         trainer = pl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -207,7 +209,8 @@ def test_fast_hyper_steps_follow_the_engine_marglik(structure):
     torch.manual_seed(0)
     X, y = torch.randn(40, 3, dtype=torch.float64), torch.randn(40, 2, dtype=torch.float64)
     model = nn.Sequential(nn.Linear(3, 6), nn.Tanh(), nn.Linear(6, 2)).double()
-    module = MAPModule(model, "regression", n_data=40, optimizer=lambda p: torch.optim.SGD(p, lr=0.0),
+    module = MAPModule(model, "regression", n_data=40,
+                       optimisation=MAPOptimisation(optimizer=lambda p: torch.optim.SGD(p, lr=0.0)),
                        prior_precision=0.5, sigma_noise=0.8)
     la = Laplace(model, "regression", subset_of_weights="all", hessian_structure=structure,
                  prior_structure="layerwise")

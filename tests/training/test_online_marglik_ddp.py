@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from laplace_lab.training import MAPModule
+from laplace_lab.training.module import MAPOptimisation
 from laplace_lab.training.online_marglik import OnlineMarglik, OnlineMarglikOptions
 from tests.training.marglik_helpers import TensorDataModule
 
@@ -24,7 +25,8 @@ def run(devices: int):
     model = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1)).double()
     # full batch: on 2 processes each rank's batch is its half, DDP averages the two halves' mean gradients
     dm = TensorDataModule(X, y, batch_size=40 // devices)
-    module = MAPModule(model, "regression", n_data=len(X), optimizer=functools.partial(torch.optim.Adam, lr=1e-2),
+    module = MAPModule(model, "regression", n_data=len(X),
+                       optimisation=MAPOptimisation(optimizer=functools.partial(torch.optim.Adam, lr=1e-2)),
                        prior_precision=1.0, sigma_noise=1.0)  # picklable, as ddp_spawn would need
     callback = OnlineMarglik(OnlineMarglikOptions(laplace_kwargs={"subset_of_weights": "all", "hessian_structure": "kron",
                                                                   "curvature": "ggn"},

@@ -18,7 +18,7 @@ from laplace_lab.config.targets import check_targets
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.data.split_checks import check_nonempty
 from laplace_lab.training.loops import LIGHTNING, TrainingLoop
-from laplace_lab.training.module import MAPCore
+from laplace_lab.training.module import MAPCore, MAPOptimisation
 
 
 def resolve_likelihood(likelihood: str, datamodule: LabDataModule) -> str:
@@ -70,14 +70,12 @@ def build(run: RunConfig, loop: TrainingLoop = LIGHTNING) -> tuple[LabDataModule
         model=model,
         likelihood=likelihood,
         n_data=datamodule.n_train,
-        optimizer=instantiate(run.optimizer),
-        lr_scheduler=scheduler,
+        optimisation=MAPOptimisation(optimizer=instantiate(run.optimizer), lr_scheduler=scheduler,
+                                     loss_scale=run.map_loss_scale, on_nonfinite_loss=run.on_nonfinite_loss),
         prior_precision=run.prior.prior_precision,
         sigma_noise=run.sigma_noise,
         temperature=run.temperature,
         prior_in_loss=run.prior_in_map_loss,
-        on_nonfinite_loss=run.on_nonfinite_loss,
-        loss_scale=run.map_loss_scale,
     )
     check_nonempty(datamodule, f"data {run.data.get('_target_')}")  # set up by n_train above; before any training
     return datamodule, module

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -50,6 +51,28 @@ RUN_IDENTITY_KEY = "laplace_lab_run_identity"
 FIT_SECONDS_KEY = "laplace_lab_fit_seconds"
 # the config and code hashes of the run that wrote a checkpoint (what resume_from=last must match)
 RUN_FINGERPRINT_KEY = "laplace_lab_run_fingerprint"
+@dataclass(frozen=True)
+class MAPOptimisation:
+    """How ``MAPCore`` steps its loss: what changes the path of training, not its minimiser.
+
+    Args:
+        optimizer: ``params -> torch.optim.Optimizer`` (a Hydra partial).
+        lr_scheduler: ``optimizer -> scheduler`` stepped per epoch, a per-step factory
+            (``training.schedules``: ``(optimizer, total_steps) -> scheduler``) or ``None``.
+        loss_scale: ``nll`` (the per-datum negative log joint) or ``mse`` (regression: that times
+            ``2 sigma^2 T``, laplace-torch's scaling; see the module docstring).
+        on_nonfinite_loss: ``error`` (raise ``FloatingPointError`` naming epoch and batch) or
+            ``skip`` (no update from that batch; counted in ``n_skipped_batches``).
+
+    ``MAPCore`` checks ``loss_scale`` and ``on_nonfinite_loss`` (the first needs the likelihood).
+    """
+
+    optimizer: Callable[..., torch.optim.Optimizer]
+    lr_scheduler: Callable | None = None
+    loss_scale: str = "nll"
+    on_nonfinite_loss: str = "error"
+
+
 class MAPCore(nn.Module):
     """MAP training of ``model`` under ``likelihood`` with a per-tensor Gaussian prior.
 
@@ -63,18 +86,13 @@ class MAPCore(nn.Module):
             (``[B, 2*O]`` natural parameters for heteroscedastic regression).
         likelihood: ``classification``, ``regression`` or ``heteroscedastic_regression``.
         n_data: training-set size ``N``.
-        optimizer: ``params -> torch.optim.Optimizer`` (a Hydra partial).
-        lr_scheduler: ``optimizer -> scheduler`` stepped per epoch, a per-step factory
-            (``training.schedules``: ``(optimizer, total_steps) -> scheduler``) or ``None``.
+        optimisation: how the loss is stepped (``MAPOptimisation``: optimiser, schedule, loss
+            scale, what a non-finite loss does).
         prior_precision: initial precision (float: same for every tensor; or a tensor of
             shape ``[n_param_tensors]`` or ``[n_params]``).
         sigma_noise: initial Gaussian noise std (regression only).
         temperature: ``T`` above.
         prior_in_loss: ``False`` drops the prior term from the training loss.
-        on_nonfinite_loss: ``error`` (raise ``FloatingPointError`` naming epoch and batch) or
-            ``skip`` (no update from that batch; counted in ``n_skipped_batches``).
-        loss_scale: ``nll`` (the per-datum negative log joint) or ``mse`` (regression: that times
-            ``2 sigma^2 T``, laplace-torch's scaling; see the module docstring).
     """
 
     def __init__(
@@ -82,16 +100,14 @@ class MAPCore(nn.Module):
         model: nn.Module,
         likelihood: str,
         n_data: int,
-        optimizer: Callable[..., torch.optim.Optimizer],
-        lr_scheduler: Callable | None = None,
+        optimisation: MAPOptimisation,
         prior_precision: float | torch.Tensor = 1.0,
         sigma_noise: float = 1.0,
         temperature: float = 1.0,
         prior_in_loss: bool = True,
-        on_nonfinite_loss: str = "error",
-        loss_scale: str = "nll",
     ):
         super().__init__()
+        on_nonfinite_loss, loss_scale = optimisation.on_nonfinite_loss, optimisation.loss_scale
         self._trainer = None  # the loop that runs this module (Lightning's Trainer or the plain loop)
         if likelihood not in LIKELIHOODS:
             raise ValueError(f"likelihood={likelihood!r} is not supported; allowed: {list(LIKELIHOODS)}")
@@ -116,8 +132,8 @@ class MAPCore(nn.Module):
         self.n_data = n_data
         self.temperature = temperature
         self.prior_in_loss = prior_in_loss
-        self.optimizer_factory = optimizer
-        self.scheduler_factory = lr_scheduler
+        self.optimizer_factory = optimisation.optimizer
+        self.scheduler_factory = optimisation.lr_scheduler
         self.n_param_tensors = len(list(model.parameters()))
         self._prior: Prior | None = None
         self.register_buffer("prior_precision", torch.empty(0, dtype=self.hyper_dtype))
