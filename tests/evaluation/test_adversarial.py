@@ -7,6 +7,7 @@ from torch import nn
 
 from laplace_lab.evaluation.adversarial import (
     NotDifferentiableError,
+    ProgressBar,
     confidence_max_attack,
     fgsm,
     fgsm_direction,
@@ -56,7 +57,7 @@ def test_fgsm_sweep_evaluates_all_predictors_on_same_inputs(trained_mlp, image_d
     x, y = image_data[1].tensors
     preds = {"map": lambda z: torch.softmax(trained_mlp(z), -1), "la": TemperedSoftmax(trained_mlp)}
     probs, ys = fgsm_sweep(trained_mlp, "logits", preds, [(x[:50], y[:50]), (x[50:], y[50:])],
-                           [0.0, 0.1], progress=False)
+                           [0.0, 0.1], bar=ProgressBar(show=False))
     assert torch.equal(ys, y)
     assert probs[0.0]["map"].shape == (len(y), 3)
     x_adv = fgsm(trained_mlp, x, y, 0.1)

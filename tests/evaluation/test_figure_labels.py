@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 from laplace_lab.evaluation.labels import run_label
 from laplace_lab.evaluation.plots import reliability_diagram
 from laplace_lab.evaluation.report import Reporter, fill_balanced
-from laplace_lab.evaluation.toy2d import AXIS_LABELS, toy2d_contours
+from laplace_lab.evaluation.toy2d import AXIS_LABELS, ContourGrid, toy2d_contours
 
 LAPLACE_CFG = {"seed": 3, "data": {"_target_": "laplace_lab.data.Toy2DDataModule", "kind": "moons"},
                "curvature": {"subset_of_weights": "last_layer", "hessian_structure": "kron", "type": "ggn"},
@@ -24,7 +24,7 @@ def _toy_figures(n_classes: int = 2):
     y = torch.arange(40) % n_classes
     predictors = {"map": lambda z: torch.softmax(z @ torch.ones(2, n_classes), -1),
                   "la": lambda z: torch.softmax(0.1 * z @ torch.ones(2, n_classes), -1)}
-    return toy2d_contours(predictors, X, y, resolution=8)
+    return toy2d_contours(predictors, X, y, ContourGrid(resolution=8))
 
 
 @pytest.mark.parametrize("n_classes", [2, 3])

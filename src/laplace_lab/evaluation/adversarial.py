@@ -14,6 +14,7 @@ The gradient sign does not depend on eps, so a sweep computes it once per batch.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -94,21 +95,38 @@ def confidence_max_attack(model: Callable, x0: Tensor, eps: float, steps: int = 
     return x.detach()
 
 
+@dataclass(frozen=True)
+class ProgressBar:
+    """The progress bar over a sweep's batches (tqdm, left behind when done).
+
+    Args:
+        desc: its label, also named in the error for an empty ``batches``.
+        show: ``False`` draws no bar.
+        total: the number of batches (``None``: unknown).
+    """
+
+    desc: str = "fgsm"
+    show: bool = True
+    total: int | None = None
+
+
 def fgsm_sweep(attacked: Callable, output: str, predictors: dict[str, Callable], batches,
-               epsilons, input_range=(0.0, 1.0), device="cpu", desc: str = "fgsm",
-               progress: bool = True, total: int | None = None):
+               epsilons, input_range=(0.0, 1.0), device="cpu", bar: ProgressBar | None = None):
     """FGSM against ``attacked`` at every ``eps``; every predictor is evaluated on the same inputs.
 
-    Returns ``(probs, y)`` with ``probs[eps][name]``: ``[N, C]`` on the CPU.
+    ``bar``: the progress bar (default ``ProgressBar()``). Returns ``(probs, y)`` with
+    ``probs[eps][name]``: ``[N, C]`` on the CPU.
     """
     from tqdm import tqdm
 
     from laplace_lab.evaluation.predict import check_probs
 
+    bar = ProgressBar() if bar is None else bar
+    desc = bar.desc
     log_probs = log_probs_fn(attacked, output)
     out = {e: {k: [] for k in predictors} for e in epsilons}
     ys = []
-    for x, y in tqdm(batches, desc=desc, total=total, disable=not progress, leave=False):
+    for x, y in tqdm(batches, desc=desc, total=bar.total, disable=not bar.show, leave=False):
         x, yd = x.to(device), y.to(device)
         direction = fgsm_direction(log_probs, x, yd)
         for e in epsilons:

@@ -53,6 +53,7 @@ from laplace_lab.evaluation import metrics as M
 from laplace_lab.evaluation import plots
 from laplace_lab.evaluation.adversarial import (
     NotDifferentiableError,
+    ProgressBar,
     confidence_max_attack,
     fgsm_sweep,
 )
@@ -76,7 +77,7 @@ from laplace_lab.evaluation.report import Reporter
 from laplace_lab.evaluation.shift import cifar10c_status, load_cifar10c, rotated_batches
 from laplace_lab.evaluation.summary import LAPLACE, MAP
 from laplace_lab.evaluation.timing import EvalTimer
-from laplace_lab.evaluation.toy2d import toy2d_contours
+from laplace_lab.evaluation.toy2d import ContourGrid, toy2d_contours
 
 log = logging.getLogger(__name__)
 
@@ -369,7 +370,7 @@ def _adversarial(ctx: _Context, kept):
     def sweep(section, attacked, out, preds):
         batches, total = ctx.batches(ctx.data.test_loader, a.max_batches)
         probs, y = fgsm_sweep(attacked, out, preds, batches, a.epsilons, ctx.input_range, ctx.device,
-                              desc=section, progress=cfg.progress, total=total)
+                              bar=ProgressBar(desc=section, show=cfg.progress, total=total))
         rows = []
         for eps, by_pred in probs.items():
             for pname, p in by_pred.items():
@@ -464,8 +465,9 @@ def _toy2d(ctx: _Context, n_classes):
         return
     if t.class_index is not None and t.class_index >= n_classes:
         raise ValueError(f"evaluation.toy2d.class_index={t.class_index} but there are {n_classes} classes")
-    figs, far = toy2d_contours(ctx.predictors, X, y, t.resolution, t.zoom_out, t.margin, t.class_index,
-                               chunk_size=max(cfg.chunk_size, 1024), device=ctx.device, return_border=True)
+    grid = ContourGrid(resolution=t.resolution, zoom_out=t.zoom_out, margin=t.margin, class_index=t.class_index)
+    figs, far = toy2d_contours(ctx.predictors, X, y, grid, chunk_size=max(cfg.chunk_size, 1024), device=ctx.device,
+                               return_border=True)
     for name, fig in figs.items():
         rep.add_figure(name, fig)
     for pname, v in far.items():

@@ -11,6 +11,7 @@ training points on top, one legend for their classes below the panels, one colou
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -81,16 +82,36 @@ def _draw(xx, yy, values, X, y, class_index, n_classes, title) -> Figure:
     return fig
 
 
-def toy2d_contours(predictors: dict[str, Callable], X: Tensor, y: Tensor, resolution: int = 150,
-                   zoom_out: float = 10.0, margin: float = 0.5, class_index: int | None = None,
+@dataclass(frozen=True)
+class ContourGrid:
+    """The grids the contours are drawn on (``evaluation.toy2d.*``).
+
+    Args:
+        resolution: points per side of each square grid (``resolution**2`` predictions per box).
+        zoom_out: side lengths of the zoomed-out box over those of the zoomed-in one.
+        margin: the zoomed-in box is the data's bounding box widened by ``margin`` times its range
+            on each side.
+        class_index: draw ``p(class_index)``; ``None`` draws the max confidence.
+    """
+
+    resolution: int = 150
+    zoom_out: float = 10.0
+    margin: float = 0.5
+    class_index: int | None = None
+
+
+def toy2d_contours(predictors: dict[str, Callable], X: Tensor, y: Tensor, grid: ContourGrid | None = None,
                    chunk_size: int = 4096, device="cpu", return_border: bool = False):
     """Contour figures ``{"toy2d_zoom_in": Figure, "toy2d_zoom_out": Figure}``.
 
-    ``X``: ``[N, 2]`` inputs, ``y``: ``[N]`` labels (drawn on top). With ``return_border`` also
-    returns ``{name: the values on the zoomed-out grid's border}`` (``border_values``).
+    ``X``: ``[N, 2]`` inputs, ``y``: ``[N]`` labels (drawn on top); ``grid``: the boxes and what is
+    drawn (default ``ContourGrid()``). With ``return_border`` also returns ``{name: the values on
+    the zoomed-out grid's border}`` (``border_values``).
     """
     if X.ndim != 2 or X.shape[1] != 2:
         raise ValueError(f"toy2d_contours needs 2-D inputs [N, 2]; got {tuple(X.shape)}")
+    grid = ContourGrid() if grid is None else grid
+    resolution, zoom_out, margin, class_index = grid.resolution, grid.zoom_out, grid.margin, grid.class_index
     X, y = X.detach().cpu().float(), y.detach().cpu().long()
     figures, far = {}, {}
     n_classes = None
