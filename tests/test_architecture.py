@@ -196,3 +196,41 @@ def test_only_the_entry_point_and_config_see_the_composed_config():
     """``grep -rn DictConfig src/`` finds it only where ``DICTCONFIG_ALLOWED`` says."""
     found = [str(p.relative_to(PACKAGE)) for p in MODULES if "DictConfig" in p.read_text()]
     assert found and all(f.startswith(DICTCONFIG_ALLOWED) for f in found), found
+
+
+# The widest signature allowed outside the engine (``laplace/``, whose API follows laplace-torch's):
+# more arguments go into a small frozen dataclass of what belongs together (``TableSpec``,
+# ``MAPOptimisation``, ...).
+MAX_PARAMETERS = 8
+
+
+def wide_functions(path: Path, limit: int = MAX_PARAMETERS) -> list[str]:
+    """``"<line> <name>: <n> parameters"`` for every function or method of ``path`` with more than
+    ``limit`` parameters: positional, keyword-only, ``*args`` and ``**kwargs`` each count one; a
+    method's ``self`` / ``cls`` does not."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        a = node.args
+        names = [p.arg for p in (*a.posonlyargs, *a.args)]
+        n = len(names) + len(a.kwonlyargs) + (a.vararg is not None) + (a.kwarg is not None)
+        n -= bool(names) and names[0] in ("self", "cls")
+        if n > limit:
+            found.append((node.lineno, f"{node.lineno} {node.name}: {n} parameters"))
+    return [text for _, text in sorted(found)]
+
+
+def test_no_function_outside_the_engine_takes_more_than_eight_parameters():
+    wide = [f"{p.relative_to(PACKAGE)}:{w}" for p in MODULES if not p.is_relative_to(PACKAGE / "laplace")
+            for w in wide_functions(p)]
+    assert not wide, (f"functions with more than {MAX_PARAMETERS} parameters (group what belongs together "
+                      "into a frozen dataclass):\n" + "\n".join(wide))
+
+
+def test_the_width_check_counts_every_kind_of_parameter_but_self(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("class C:\n    def m(self, a, b, c, d, e, f, g, h): ...\n"
+                      "    def n(self, a, b, c, d, e, f, g, *, h, i): ...\n"
+                      "def f(a, b, /, c, d, e, f, *args, g, **kwargs): ...\n")
+    assert wide_functions(module) == ["3 n: 9 parameters", "4 f: 9 parameters"]
