@@ -31,7 +31,7 @@ def test_run_logs_the_plan_of_its_laplace_in_one_line(caplog):
 def test_impossible_laplace_refused_before_training(monkeypatch, tmp_path):
     monkeypatch.setattr(plan, "available_memory", lambda device: 1)
     monkeypatch.setattr(PlainLoop, "make_trainer", lambda *a, **k: pytest.fail("training started"))
-    run = run_config([*SINUSOID, "curvature.hessian_structure=full", "curvature.subset_of_weights=all"])
+    run = run_config([*SINUSOID, "curvature=full"])
     with pytest.raises(MemoryPlanError, match="hessian_structure='full'"):
         training_fit.train_map(run, tmp_path, [], PLAIN)
 

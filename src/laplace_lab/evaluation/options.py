@@ -17,8 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import OmegaConf
-
 from laplace_lab.evaluation.adversarial import ATTACK_OUTPUTS
 from laplace_lab.io.fields import build, group, option
 
@@ -170,6 +168,9 @@ class EvalConfig:
 def evaluation_config(data: Any = None) -> EvalConfig:
     """An ``EvalConfig`` from ``data`` (an OmegaConf node, a dict or None; missing keys take the
     defaults), for callers outside a composed run (tests, peer scripts)."""
+    # imported here: the engine benchmarks import the schema without omegaconf installed
+    from omegaconf import OmegaConf
+
     if OmegaConf.is_config(data):
         data = OmegaConf.to_container(data, resolve=True)
     return build(EvalConfig, data, "evaluation")
