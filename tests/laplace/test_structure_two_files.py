@@ -13,12 +13,11 @@ import sys
 
 import pytest
 import torch
+from hydra.core.config_store import ConfigStore
+from hydra.errors import MissingConfigException
 from laplace_refs import data, loader, mlp
 
 import laplace_lab.laplace.structures as structures_pkg
-from hydra.core.config_store import ConfigStore
-from hydra.errors import MissingConfigException
-
 from laplace_lab.config.load import load_run_config
 from laplace_lab.config.store import register
 from laplace_lab.evaluation.labels import laplace_label
