@@ -3,8 +3,8 @@
 Packages, from the entry point down (each imports only the ones below it; ``tests/test_architecture.py``
 checks it): ``train`` (the Hydra entry point), ``reporting`` (tables, reference verdicts, provenance,
 figures, run loggers), ``training``, ``sweeps`` (resumable multiruns), ``config`` (the typed schema and its validation),
-``evaluation``, ``data`` and ``models``, and ``laplace`` (the engine, pure PyTorch) with ``io``
-(atomic file writes).
+``evaluation``, ``data`` and ``models``, ``laplace`` (the engine, pure PyTorch) and ``io`` (pure Python
+helpers every layer uses, the engine included: atomic file writes, declared options ``io.fields``).
 """
 
 from __future__ import annotations

@@ -206,7 +206,7 @@ def test_pooled_kernels_match_dense_kernels():
     m, a, c = _pooled_call()
     v, idx = c.pooled
     d = _conv_psg_sq_pooled(m, ["weight", "bias"], a, v, idx)
-    A, G, rows = kfac_factors(m, [c])  # from the compressed form
+    A, G, rows = kfac_factors(m, [c], "expand")  # from the compressed form
     dense = c.grad  # materialised
     ref = _conv_psg_sq(m, ["weight", "bias"], a, dense)
     torch.testing.assert_close(d["weight"], ref["weight"], rtol=1e-12, atol=1e-12)
@@ -215,7 +215,7 @@ def test_pooled_kernels_match_dense_kernels():
     torch.testing.assert_close(G, torch.einsum("kncs,knds->cd", g, g), rtol=1e-12, atol=1e-12)
     c2 = Call((a,), {}, c.output)
     c2.grads = list(dense.unbind(0))
-    A2, G2, rows2 = kfac_factors(m, [c2])
+    A2, G2, rows2 = kfac_factors(m, [c2], "expand")
     torch.testing.assert_close(A, A2, rtol=0, atol=0)
     torch.testing.assert_close(G, G2, rtol=1e-12, atol=1e-12)
     assert rows == rows2

@@ -86,8 +86,10 @@ def test_operator_options_are_validated():
         GGNOperator(model, "classification", [], curvature="mc_fisher")
     with pytest.raises(ValueError, match="chunk_size"):
         GGNOperator(model, "classification", [], chunk_size=0)
-    with pytest.raises(ValueError, match="n_eigs"):
+    with pytest.raises(ValueError, match=r"n_eigs must be >= 1; got 0 \(allowed: integers in \[1, inf\)\)"):
         Laplace(model, "classification", hessian_structure="lowrank", n_eigs=0)
+    with pytest.raises(ValueError, match=r"n_eigs=True has the wrong type"):
+        Laplace(model, "classification", hessian_structure="lowrank", structure_options={"n_eigs": True})
     with pytest.raises(TypeError, match=r"unexpected keyword arguments \['n_eigs'\]; the options of hessian_structure='kron'"):
         Laplace(model, "classification", hessian_structure="kron", n_eigs=5)
     with pytest.raises(ValueError, match="hessian_structure must be one of"):

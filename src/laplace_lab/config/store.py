@@ -3,11 +3,15 @@ job config's resolver ``lab_if_equal``.
 
 ``register()`` stores, in Hydra's ``ConfigStore``, ``schema/<group>`` (or ``schema/<group>/<option>``
 where the options carry different keys, ``schema.GROUPS``) from the dataclasses of ``config.schema``,
-and ``schema/root`` (the root keys). ``conf/<group>/<option>.yaml`` lists its node first::
+``schema/root`` (the root keys) and ``schema/structure/<name>`` (a Hessian structure's own options
+with their defaults, from its class's ``Options``). ``conf/<group>/<option>.yaml`` lists its node
+first::
 
     defaults:
       - /schema/marglik/online@_here_
       - _self_
+
+(``conf/curvature/kron.yaml`` lists ``/schema/structure/kron@_here_`` after ``/schema/curvature@_here_``).
 
 Nodes are plain values (not structured configs): types, ranges and unknown keys are checked by
 ``config.load`` with messages that name the option and the allowed values. Importing
@@ -21,11 +25,13 @@ from omegaconf import OmegaConf
 
 from laplace_lab.config.fields import defaults
 from laplace_lab.config.schema import GROUPS, RootOptions
+from laplace_lab.laplace.spec import hessian_structures, structure_class
 
 
 def nodes() -> dict[str, dict]:
-    """``{"<group>[/<option>]": node}`` of every schema node, and ``"root"``."""
+    """``{"<group>[/<option>]": node}`` of every schema node, ``"root"`` and ``"structure/<name>"``."""
     out = {"root": defaults(RootOptions)}
+    out |= {f"structure/{name}": structure_class(name).option_defaults() for name in hessian_structures()}
     for name, (cls, options) in GROUPS.items():
         if options is None:
             out[name] = defaults(cls)

@@ -8,7 +8,6 @@ runs every check, these last: the one call the entry point makes before anything
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from pathlib import Path
 
@@ -111,11 +110,9 @@ def _stray_options(curvature: dict, declared: tuple[str, ...]) -> list[str]:
     chosen structure would silently ignore."""
     stray = set()
     for name in hessian_structures():
-        cls = structure_class(name)
-        params = inspect.signature(cls.__init__).parameters
-        for key in cls.options:
+        defaults = structure_class(name).option_defaults()
+        for key, default in defaults.items():
             value = curvature.get(key)
-            default = params[key].default if key in params else None
             if key not in declared and value is not None and value != default:
                 stray.add(key)
     return sorted(stray)

@@ -130,8 +130,8 @@ class Laplace:
         generator / seed: randomness for ``mc_fisher`` and ``sample``.
         backend: curvature collection (``backends``): "auto" (default; the graph-free chain for plain
             sequential nets, else "capture"), "chain", "capture", "lanczos" (lowrank).
-        structure_options: the structure's declared ``options``, e.g. kron's ``kfac_approx``
-            ("expand" default | "reduce" | "backpack", ``options.KfacApprox``).
+        structure_options: the structure's declared options (the fields of its ``Options``, with
+            their defaults and allowed values), e.g. kron's ``kfac_approx`` (``options.KfacApprox``).
         memory_budget: fraction in (0, 1] of the available memory (``plan.available_memory``: free
             CUDA memory, or ``MemAvailable``) that ``fit`` and the glm predictive may plan to use
             (default ``plan.DEFAULT_MEMORY_BUDGET`` = 0.9); ``fit`` raises ``plan.MemoryPlanError``
@@ -142,7 +142,7 @@ class Laplace:
             rank's shard once ``torch.distributed`` is initialised with more than one process; ``None``
             fits this process's data alone; or a ``torch.distributed.ProcessGroup``.
         **options: the structure's declared ``options`` as keywords too, e.g. lowrank's
-            ``n_eigs=100`` (``structure_options`` wins); a keyword no argument and no option of the
+            ``n_eigs=`` (``structure_options`` wins); a keyword no argument and no option of the
             structure takes is a ``TypeError``.
 
     Attributes after ``fit``: ``mean`` [P], ``n_data``, ``n_outputs``, ``loss`` (summed NLL, unit

@@ -349,10 +349,10 @@ def conv_A(m: nn.Conv2d, a: torch.Tensor) -> tuple[torch.Tensor, int]:
     return A, N * Ho * Wo
 
 
-def kfac_factors(m: nn.Module, calls: list[Call], approx: str = "expand",
+def kfac_factors(m: nn.Module, calls: list[Call], approx: str,
                  inputs: bool = True) -> tuple[torch.Tensor | None, torch.Tensor, int]:
     """Un-normalised KFAC factors ``(A_sum [D_in, D_in], G [D_out, D_out], rows)`` in the
-    convention ``approx`` (``options.KfacApprox``); the weight block is ``G (x) A_sum / rows_total``
+    convention ``approx`` (``options.KfacApprox``; kron's option ``kfac_approx``); the weight block is ``G (x) A_sum / rows_total``
     with ``rows_total`` summed over the whole data set.
 
     ``expand``: ``A_sum = sum_{n,s} a a^T``, ``G = sum_{k,n,s} g g^T``, ``rows = N S``.

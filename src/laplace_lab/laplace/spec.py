@@ -42,7 +42,7 @@ class LaplaceSpec:
     hessian_structure: str = "kron"
     curvature: str = "ggn"
     prior_structure: str = "scalar"
-    options: dict = field(default_factory=dict)  # structure options, e.g. {"n_eigs": 100}
+    options: dict = field(default_factory=dict)  # structure options, e.g. {"n_eigs": 20} (their declarations: the structure class's ``Options``)
     keys: dict = field(default_factory=dict)
 
     def _key(self, option: str) -> str:

@@ -28,10 +28,12 @@ Memory ``O(P k)``. ``log det`` is differentiable in ``c`` and the prior (marglik
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
+from laplace_lab.io.fields import option
 from laplace_lab.laplace.capture import Call
 from laplace_lab.laplace.distributed import all_reduce_sum, fit_group
 from laplace_lab.laplace.matrix_free.ggn_operator import OPERATOR_CURVATURE_TYPES, GGNOperator
@@ -79,26 +81,24 @@ class LowRankStructure(Structure):
     label = "low-rank"
     prior_structures = ("scalar", "layerwise", "diagonal")
     curvature_types = tuple(OPERATOR_CURVATURE_TYPES)
-    options = ("n_eigs",)
     self_fitting = True
     shard_reduction = "operator"  # across processes: every Lanczos product summed over the ranks' shards
 
-    @classmethod
-    def check_options(cls, options: dict, key=str) -> None:
-        n_eigs = options.get("n_eigs", 100)
-        if not (isinstance(n_eigs, int) and n_eigs >= 1):
-            raise ValueError(f"{key('n_eigs')} must be a positive integer; got {n_eigs!r}")
+    @dataclass(frozen=True)
+    class Options:
+        """``n_eigs``: the rank ``k`` (top eigenpairs of the curvature; at most the number of parameters)."""
+
+        n_eigs: int = option(100, "int", low=1)
 
     @property
     def H(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(U [P, k], eigvals [k])``: ``H ~= U diag(eigvals) U^T``."""
         return self.U, self.eigvals
 
-    def __init__(self, entries, device, dtype, n_eigs: int = 100, n_steps: int | None = None,
+    def __init__(self, entries, device, dtype, n_eigs: int = Options.n_eigs, n_steps: int | None = None,
                  chunk_size: int | None = None, vec_chunk: int | None = None, rtol: float | None = None,
                  seed: int = 0, block_size: int = 1):
-        if not (isinstance(n_eigs, int) and not isinstance(n_eigs, bool) and n_eigs >= 1):
-            raise ValueError(f"n_eigs must be a positive int for hessian_structure='lowrank'; got {n_eigs!r}")
+        n_eigs = self.check_options({"n_eigs": n_eigs}).n_eigs
         if n_steps is not None and not (isinstance(n_steps, int) and n_steps >= 1):
             raise ValueError(f"n_steps must be a positive int or None; got {n_steps!r}")
         self.n_eigs, self.n_steps, self.seed = n_eigs, n_steps, seed
@@ -147,7 +147,7 @@ class LowRankStructure(Structure):
         20))`` steps) and one batch of the GGN operator (a forward, its Jacobian-vector product and
         the backward: about twice a batch backend's). Coarse: not checked by benchmarks/plan_accuracy.py."""
         b, P = shape.itemsize, shape.n_params
-        k = min(int(options.get("n_eigs", 100)), P)
+        k = min(cls.check_options(options).n_eigs, P)
         m = min(P, max(2 * k, k + 20))
         parts = {"Lanczos basis [P, m]": b * P * m, "eigenvectors [P, k]": b * P * k,
                  "GGN products": 2 * sum(backend_batch_bytes(shape, batch, n_factors, False).values())}

@@ -14,15 +14,24 @@ Optional (defaults here): ``finalize``, ``covariance``, ``square_norm``, ``curva
 ``posterior_view`` (the glm predictive; default: dense per-input Jacobians),
 ``curvature_top_eigenvectors`` (the loss-landscape slices along the posterior's eigen-directions).
 Class attributes declare its ``label`` (the name readers see), the ``prior_structures`` and
-``curvature_types`` it supports, its extra constructor ``options`` and whether ``chain.Chain`` may
-hand it modules in any block order. A module of ``laplace.structures`` is imported with the package
-(``structures.discover``), so a new structure is its file and its ``conf/curvature/<name>.yaml``.
+``curvature_types`` it supports, its own options (``Options``: a frozen dataclass of ``io.fields.option``
+fields, each option's type, default and allowed values once; ``options`` lists their names) and
+whether ``chain.Chain`` may hand it modules in any block order. A module of ``laplace.structures`` is
+imported with the package (``structures.discover``), so a new structure is its file and its
+``conf/curvature/<name>.yaml``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
 import torch
 
+from laplace_lab.io.fields import check, defaults
 from laplace_lab.laplace.capture import Record
 from laplace_lab.laplace.registry import registrar
 from laplace_lab.laplace.subset import Entry
@@ -38,7 +47,13 @@ class Structure:
     label = ""  # its name for readers (figure titles, the console summary), e.g. "KFAC"; "": ``name``
     prior_structures: tuple[str, ...] = ("scalar", "layerwise", "diagonal")
     curvature_types: tuple[str, ...] = ("ggn", "ef", "mc_fisher")
-    options: tuple[str, ...] = ()  # extra keyword arguments of the constructor (e.g. ``n_eigs``)
+
+    @dataclass(frozen=True)
+    class Options:
+        """The structure's own options (keywords of its constructor and of ``Laplace``, keys of the
+        ``curvature`` config group): ``option(default, kind, low=, choices=, ...)`` fields. None here."""
+
+    options: tuple[str, ...] = ()  # the names of ``Options``' fields (set for each subclass; not to be set)
     self_fitting = False  # True: ``fit(la, data) -> (loss, n_data, n_outputs)`` replaces the batch loop
     any_block_order = False  # True: ``accumulate`` does not rely on records arriving in subset order
     supports_fused = False  # True: ``fused.FusedCurvature`` can fill it from the training step's backward
@@ -53,9 +68,29 @@ class Structure:
     # None (cannot be reduced: a distributed fit raises, naming the structure, before any data pass)
     shard_reduction: str | None = None
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "options" in vars(cls):
+            raise TypeError(f"{cls.__name__}: declare the structure's options as fields of its Options dataclass "
+                            "(options lists their names), not as a tuple")
+        cls.options = tuple(f.name for f in dataclasses.fields(cls.Options))
+
     @classmethod
-    def check_options(cls, options: dict, key=str) -> None:
-        """``ValueError`` for bad values of this structure's ``options`` (``key`` names them in messages)."""
+    def check_options(cls, options: Mapping[str, Any], key=str) -> Any:
+        """``cls.Options`` from ``options`` (``{name: value}``, a ``str`` enum read as its value; an
+        option not given takes its declared default; keys that are no option are the caller's to
+        refuse); ``ValueError`` naming ``key(name)`` and the allowed values for a bad value."""
+        given = {}
+        for f in dataclasses.fields(cls.Options):
+            if f.name in options:
+                value = options[f.name]
+                given[f.name] = check(key(f.name), value.value if isinstance(value, Enum) else value, f.metadata["spec"])
+        return cls.Options(**given)
+
+    @classmethod
+    def option_defaults(cls) -> dict[str, Any]:
+        """``{option: its declared default}``."""
+        return defaults(cls.Options)
 
     def __init__(self, entries: list[Entry], device, dtype):
         self.entries = entries

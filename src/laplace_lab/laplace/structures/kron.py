@@ -23,8 +23,11 @@ priors. Diagonal (per-parameter) priors are rejected at construction.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from laplace_lab.io.fields import option
 from laplace_lab.laplace.modules import diag_sq, is_kfac_module, kfac_factors
 from laplace_lab.laplace.options import KfacApprox
 from laplace_lab.laplace.plan_terms import MemoryPlan, backend_batch_bytes, glm_bytes_per_input
@@ -166,20 +169,17 @@ class KronStructure(Structure):
     shard_reduction = "sum"
     prior_structures = ("scalar", "layerwise")
     any_block_order = True
-    options = ("kfac_approx",)
 
-    @classmethod
-    def check_options(cls, options: dict, key=str) -> str:
-        """The ``kfac_approx`` option as text (a ``KfacApprox`` or its value); raises for others."""
-        value = options.get("kfac_approx", "expand")
-        value = getattr(value, "value", value)
-        if value not in KfacApprox.values():
-            raise ValueError(f"{key('kfac_approx')} must be one of {list(KfacApprox.values())} for "
-                             f"hessian_structure='kron'; got {value!r}")
-        return str(value)
+    @dataclass(frozen=True)
+    class Options:
+        """``kfac_approx``: the KFAC convention of layers with weight sharing (``KfacApprox``: expand =
+        curvlinops' default, what laplace-torch's default backend gives | reduce (Eschenhagen et al.
+        2023) | backpack = BackPack's KFLR / KFAC); plain Linear layers on ``[N, D]`` are the same under all."""
 
-    def __init__(self, entries, device, dtype, kfac_approx: str = "expand"):
-        self.kfac_approx = self.check_options({"kfac_approx": kfac_approx})
+        kfac_approx: str = option("expand", "str", choices=KfacApprox.values())
+
+    def __init__(self, entries, device, dtype, kfac_approx: str = Options.kfac_approx):
+        self.kfac_approx = self.check_options({"kfac_approx": kfac_approx}).kfac_approx
         super().__init__(entries, device, dtype)
 
     def reset(self):
