@@ -110,14 +110,23 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
             warn_if_underfit(metrics, train_target_std(datamodule))
     finish_loggers(loggers)
     write_text_atomic(output_dir / "metrics.json", json.dumps(metrics, indent=2))
-    headline = {k: v for k, v in metrics.items() if k.startswith(("test/", "time/", "hparams/", "laplace/"))}
-    print("Final metrics:\n" + "\n".join(f"  {k}: {v:.4f}" for k, v in headline.items()))
+    print_final_metrics(metrics, output_dir / "metrics.json", is_multirun())
     summary = laplace_summary(metrics, job.raw, module.likelihood, job.evaluation.ood.far_away_alpha)
     if summary:  # what the Laplace predictive changed against the MAP
         print(summary)
     phases.finish()
     check_final_metrics(metrics, output_dir / "metrics.json")
     return metrics
+
+
+def print_final_metrics(metrics: dict[str, float], path: Path, multirun: bool) -> None:
+    """A single run prints its headline metrics (test/, time/, hparams/, laplace/); a multirun job one
+    line naming its metrics.json (a sweep's log stays readable: the table holds every job's values)."""
+    headline = {k: v for k, v in metrics.items() if k.startswith(("test/", "time/", "hparams/", "laplace/"))}
+    if multirun:
+        print(f"Final metrics: {len(metrics)} values in {path}")
+    else:
+        print("Final metrics:\n" + "\n".join(f"  {k}: {v:.4f}" for k, v in headline.items()))
 
 
 def check_ddp_launch(job: RunConfig, multirun: bool) -> None:

@@ -85,3 +85,14 @@ def test_ray_jobs_end_without_wandb_traceback(tmp_path):
     assert proc.returncode == 0, output[-3000:]
     assert "2 finished" in output and len(list(tmp_path.glob("default/multirun/*/wandb/offline-run-*"))) == 2
     assert "ConnectionResetError" not in output and "Traceback" not in output, output[-3000:]
+
+
+def test_a_multirun_job_prints_one_line_for_its_final_metrics(capsys, tmp_path):
+    from laplace_lab.train import print_final_metrics
+
+    metrics = {"test/map/acc": 0.5, "test/la/acc": 0.25, "val/nll": 1.0}
+    print_final_metrics(metrics, tmp_path / "metrics.json", multirun=False)
+    single = capsys.readouterr().out
+    assert "test/map/acc: 0.5000" in single and "val/nll" not in single and single.count("\n") == 3
+    print_final_metrics(metrics, tmp_path / "metrics.json", multirun=True)
+    assert capsys.readouterr().out == f"Final metrics: 3 values in {tmp_path / 'metrics.json'}\n"
