@@ -10,6 +10,7 @@ import csv
 import importlib
 import importlib.util
 import os
+import sys
 import textwrap
 from pathlib import Path
 
@@ -118,9 +119,13 @@ def _suite_wandb_mode():
 def _no_inherited_wandb_service():
     """wandb puts its in-process service's socket in ``WANDB_SERVICE``; a run started in-process by one
     test would make every later subprocess (a multirun) connect to that socket after it is gone
-    (``WandbServiceConnectionError``). Each test ends with the variable as it found it."""
+    (``WandbServiceConnectionError``). Each test ends with the variable as it found it, and a service
+    the test started is torn down with it (at interpreter exit it may already be gone: a later test's
+    stop-every-child code can end it, and wandb's atexit teardown then prints "Connection lost")."""
     before = os.environ.get("WANDB_SERVICE")
     yield
+    if before is None and os.environ.get("WANDB_SERVICE") and "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
     if before is None:
         os.environ.pop("WANDB_SERVICE", None)
     else:
