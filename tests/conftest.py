@@ -19,6 +19,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 import laplace_lab.config  # noqa: F401 (registers the schema nodes the option files start from)
+from laplace_lab.config.store import register
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
@@ -44,7 +45,8 @@ def data_dir() -> Path:
 
 def add_two_files(tmp_path: Path, monkeypatch, package, module: str, source: str, group: str, yaml: str) -> list[str]:
     """What a contributor adds, in temporary folders: ``<module>.py`` (``source``) on ``package``'s
-    path and ``conf/<group>/<module>.yaml`` on Hydra's search path. Returns the overrides that
+    path and ``conf/<group>/<module>.yaml`` on Hydra's search path (its class's ``schema/<group>/<node>``
+    registered, ``config.store``). Returns the overrides that
     compose with the yaml (``<group>=<module>``); the caller drops ``<package>.<module>`` from
     ``sys.modules`` after the test."""
     folder = tmp_path / "package"
@@ -55,6 +57,7 @@ def add_two_files(tmp_path: Path, monkeypatch, package, module: str, source: str
     (conf / f"{module}.yaml").write_text(textwrap.dedent(yaml))
     monkeypatch.setattr(package, "__path__", [*package.__path__, str(folder)])
     importlib.invalidate_caches()
+    register()  # the schema nodes of its class (a fresh process registers them when it imports laplace_lab.config)
     return [f"{group}={module}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]"]
 
 

@@ -51,6 +51,10 @@ class LineDataModule(LabDataModule):
 '''
 
 YAML_FILE = f"""
+defaults:
+  - /schema/data/line@_here_
+  - _self_
+
 _target_: {TARGET}
 slope: 3.0
 batch_size: 10

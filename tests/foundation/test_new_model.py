@@ -55,6 +55,10 @@ class GatedNet(LabModel, nn.Module):
 '''
 
 YAML_FILE = f"""
+defaults:
+  - /schema/model/gatednet@_here_
+  - _self_
+
 _target_: {TARGET}
 _partial_: true
 hidden: 6
