@@ -14,10 +14,10 @@ import torch
 import yaml
 from omegaconf import OmegaConf
 
-from laplace_lab.config.fields import defaults
 from laplace_lab.data import VisionDataModule
 from laplace_lab.evaluation import metrics as M
 from laplace_lab.evaluation.options import EvalConfig
+from laplace_lab.io.fields import defaults
 from laplace_lab.models import LeNet
 from laplace_lab.reporting.reference import load_reference
 from laplace_lab.training import MAPModule

@@ -242,8 +242,8 @@ def with_todays_root_options(cfg: DictConfig) -> tuple[DictConfig, list[str]]:
     (``config.schema.RootOptions``) that it lacks (added after the job's commit) at today's default;
     returns it and those names. Group keys are left alone (a group's defaults depend on the job's
     choice of group)."""
-    from laplace_lab.config.fields import defaults
     from laplace_lab.config.schema import RootOptions
+    from laplace_lab.io.fields import defaults
 
     today = defaults(RootOptions)
     missing = [k for k, v in today.items() if k not in cfg and not isinstance(v, dict)]

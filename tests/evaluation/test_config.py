@@ -7,8 +7,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from laplace_lab.config.fields import defaults
 from laplace_lab.evaluation.options import EvalConfig, evaluation_config
+from laplace_lab.io.fields import defaults
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 PRESETS = ["default", "full", "regression", "toy2d", "none"]

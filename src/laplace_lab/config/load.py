@@ -15,7 +15,6 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from laplace_lab.config.fields import build
 from laplace_lab.config.paths import check_paths
 from laplace_lab.config.schema import (
     GROUPS,
@@ -27,6 +26,7 @@ from laplace_lab.config.schema import (
     TrainerConfig,
 )
 from laplace_lab.config.values import check_values
+from laplace_lab.io.fields import build
 
 # Root keys besides the options and groups: the callbacks, the preset's table and the sweep objective.
 ROOT_EXTRA = ("callbacks", "aggregate", "sweep_objective")

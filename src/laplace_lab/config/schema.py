@@ -20,8 +20,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from laplace_lab.config.fields import REQUIRED, group, option
 from laplace_lab.evaluation.options import EvalConfig
+from laplace_lab.io.fields import REQUIRED, group, option
 from laplace_lab.laplace.options import Likelihood, LinkApprox, PredType
 from laplace_lab.laplace.predictive import HET_APPROXES
 from laplace_lab.models.augmentation import TRANSFORMS

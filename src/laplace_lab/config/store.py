@@ -26,10 +26,10 @@ from __future__ import annotations
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from laplace_lab.config.fields import defaults
 from laplace_lab.config.schema import GROUPS, RootOptions
 from laplace_lab.data.registry import REGISTRY as DATA
 from laplace_lab.io.declare import Registry
+from laplace_lab.io.fields import defaults
 from laplace_lab.laplace.spec import hessian_structures, structure_class
 from laplace_lab.models.registry import REGISTRY as MODELS
 

@@ -126,8 +126,8 @@ def group_schema(group: str) -> dict[str, frozenset]:
     in the group's option files (``conf/<group>/*.yaml``; trainer: ``config.schema.TrainerConfig``)."""
     schema: dict[str, set] = {}
     if group == "trainer":  # our own keys: config.schema
-        from laplace_lab.config.fields import defaults
         from laplace_lab.config.schema import TrainerConfig
+        from laplace_lab.io.fields import defaults
 
         nodes = [defaults(TrainerConfig)]
     else:
