@@ -139,6 +139,10 @@ def test_a_new_structures_option_is_declared_once(new_structure):
 
 def test_without_its_module_the_yaml_is_refused(new_structure, monkeypatch, tmp_path):
     monkeypatch.setattr(structures_pkg, "__path__", list(structures_pkg.__path__)[:-1])
+    # as a fresh process without the module: its class and the node registered from it are unknown
+    STRUCTURES.pop(NAME, None)
+    sys.modules.pop(f"{structures_pkg.__name__}.{NAME}", None)
+    ConfigStore.instance().repo["schema"]["structure"].pop(f"{NAME}.yaml", None)
     with pytest.raises(MissingConfigException, match=f"Could not load 'schema/structure/{NAME}'"):
         compose_config(new_structure)  # its options' node: no class declares them
     yaml = tmp_path / "conf" / "curvature" / f"{NAME}.yaml"

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torchvision
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset
 
 from laplace_lab.data.base import LabDataModule, split_off_validation
@@ -128,6 +127,8 @@ def _remove_new_empty_folders(root: Path, before: set[Path]) -> None:
 
 def _torchvision_dataset(name: str, root: Path, train: bool, download: bool = False, **extra) -> Dataset:
     spec = VISION_DATASETS[name]
+    import torchvision  # here: registering the data modules' schema nodes must not load torchvision
+
     cls = getattr(torchvision.datasets, spec.cls)
     kwargs = dict(spec.kwargs) | extra
     if name == "fake_data":
