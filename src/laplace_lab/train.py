@@ -122,11 +122,11 @@ def run(cfg: DictConfig, output_dir: Path) -> dict[str, float]:
 def print_final_metrics(metrics: dict[str, float], path: Path, multirun: bool) -> None:
     """A single run prints its headline metrics (test/, time/, hparams/, laplace/); a multirun job one
     line naming its metrics.json (a sweep's log stays readable: the table holds every job's values)."""
-    headline = {k: v for k, v in metrics.items() if k.startswith(("test/", "time/", "hparams/", "laplace/"))}
     if multirun:
         print(f"Final metrics: {len(metrics)} values in {path}")
-    else:
-        print("Final metrics:\n" + "\n".join(f"  {k}: {v:.4f}" for k, v in headline.items()))
+        return
+    headline = {k: v for k, v in metrics.items() if k.startswith(("test/", "time/", "hparams/", "laplace/"))}
+    print("Final metrics:\n" + "\n".join(f"  {k}: {v:.4f}" for k, v in headline.items()))
 
 
 def check_ddp_launch(job: RunConfig, multirun: bool) -> None:

@@ -688,9 +688,9 @@ def aggregate(sweep_dirs: list[str | Path], name: str, spec: TableSpec | None = 
                          f"{', '.join(map(str, dirs))}"
                          + "".join(f"; left out {p}: {why}" for p, why in loaded.unreadable))
     smoke_runs = [r for r in runs if is_smoke_choice(r.choices.get("experiment"))]
-    if commit_results and (smoke or smoke_runs):
-        example = _relative(smoke_runs[0].path, dirs) if smoke_runs else str(dirs[0])
-        raise ProvenanceError(f"refusing to commit table {name!r}: {len(smoke_runs) or 'its'} job(s) ran a smoke "
+    if commit_results and smoke_runs:  # a smoke --preset was refused above, before any job was read
+        example = _relative(smoke_runs[0].path, dirs)
+        raise ProvenanceError(f"refusing to commit table {name!r}: {len(smoke_runs)} job(s) ran a smoke "
                               f"variant (experiment=<preset>/smoke, e.g. {example}): one seed and a few epochs, "
                               "not a reproduction; commit the tables of the preset's own sweep")
     dups = duplicate_jobs(runs)

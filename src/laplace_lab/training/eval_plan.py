@@ -4,6 +4,7 @@ config, the trained module, the data module and the post-hoc Laplace."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 from laplace_lab.config.schema import RunConfig
@@ -20,7 +21,7 @@ from laplace_lab.training.predictors import (
 
 
 def evaluation_plan(job: RunConfig, module: MAPCore, datamodule: LabDataModule, la, output_dir: Path,
-                    extra_predictors: dict | None = None, swept: list[str] = ()) -> EvaluationPlan:
+                    extra_predictors: dict | None = None, swept: Sequence[str] = ()) -> EvaluationPlan:
     """MAP and (if fitted) Laplace predictives side by side, on the data module's test and OOD rows;
     ``extra_predictors`` (e.g. the ensemble's ``de`` / ``mola``) beside them. FGSM attacks
     ``module.model`` (for an ensemble: member 0). Progress bars only on a terminal (else one line per
@@ -45,5 +46,4 @@ def evaluation_plan(job: RunConfig, module: MAPCore, datamodule: LabDataModule, 
     if la is not None and config.landscape.enabled:
         landscape = LandscapeInputs(la, datamodule.train_set, datamodule.test_set)
     return EvaluationPlan(config, task, predictors, data, attack_model=module.model, landscape=landscape,
-                          out_dir=output_dir, label=run_label(job.raw, module.likelihood, job.needs_posthoc_laplace,
-                                                                        list(swept)))
+                          out_dir=output_dir, label=run_label(job.raw, module.likelihood, job.needs_posthoc_laplace, swept))
