@@ -26,7 +26,12 @@ from laplace_lab.laplace.likelihoods import LIKELIHOODS, get_likelihood
 from laplace_lab.laplace.matrix_free import lowrank as _lowrank  # noqa: F401  (registers "lowrank")
 from laplace_lab.laplace.options import PRIOR_STRUCTURE_ALIASES, TuningMethod, check_choice
 from laplace_lab.laplace.output_factors import CURVATURE_TYPES
-from laplace_lab.laplace.plan import DEFAULT_MEMORY_BUDGET, check_budget, check_fit
+from laplace_lab.laplace.plan import (
+    DEFAULT_MEMORY_BUDGET,
+    check_budget,
+    check_fit,
+    factor_streaming,
+)
 from laplace_lab.laplace.precision import engine_numerics
 from laplace_lab.laplace.priors import (
     PRIOR_STRUCTURES,
@@ -136,8 +141,10 @@ class Laplace:
             CUDA memory, or ``MemAvailable``) that ``fit`` and the glm predictive may plan to use
             (default ``plan.DEFAULT_MEMORY_BUDGET`` = 0.9); ``fit`` raises ``plan.MemoryPlanError``
             before allocating when the structure's planned peak (``laplace.plan``) exceeds it, naming
-            the alternatives that fit, and the predictive lowers ``chunk_size`` to what fits. ``None``:
-            no plan, no check.
+            the alternatives that fit, and the predictive lowers ``chunk_size`` to what fits. On CUDA
+            the capture backend streams the output factors only when holding them all would exceed
+            it (``factor_streaming``; on the CPU by a fixed size, ``backends.capture.stream_factors``).
+            ``None``: no plan, no check, the fixed streaming rule.
         process_group: fit across processes (``laplace.distributed``): "auto" (default) sums every
             rank's shard once ``torch.distributed`` is initialised with more than one process; ``None``
             fits this process's data alone; or a ``torch.distributed.ProcessGroup``.
@@ -185,6 +192,10 @@ class Laplace:
         self.process_group = distributed.check_process_group(process_group)
         self.memory_budget = check_budget(memory_budget)
         self.memory_plan = None  # plan.MemoryPlan of the last fit's check
+        # the capture backend streams this fit's output factors (plan.factor_streaming: decided from the
+        # plan of the first batch on CUDA with a memory_budget); None: backends.capture's constant rule
+        self.factor_streaming = None
+        self._streaming_decided = False
         subset_of_weights = _check_choice("subset_of_weights", subset_of_weights, SUBSETS)
         hessian_structure = _check_choice("hessian_structure", hessian_structure, tuple(STRUCTURES))
         declared = STRUCTURES[hessian_structure].options
@@ -401,6 +412,8 @@ class Laplace:
             checks.data_seen(self)
             return self.fit_end()
         self.fit_begin(override=override)
+        if self.memory_plan is not None and self.memory_budget is not None:  # _check_memory's plan of batch 1
+            self.factor_streaming, self._streaming_decided = factor_streaming(self, memory_plan=self.memory_plan), True
         for batch in train_loader:
             self.fit_batch(*self.unpack_batch(batch))
         checks.data_seen(self)
@@ -455,6 +468,7 @@ class Laplace:
         self.model.eval()
         self.mean = torch.cat([p.detach().reshape(-1) for p in self.params])
         self.linear_offset = None
+        self.factor_streaming, self._streaming_decided = None, False  # decided on the first batch
         # the curvature-collection backend (backends/: "auto" = the chain for plain sequential nets, else
         # the autograd capture); self-fitting structures make their own data pass
         try:
@@ -473,6 +487,8 @@ class Laplace:
             self._backend = backends.choose(self, self.backend_name)  # fit_batch without fit_begin, as before
         X = X.to(self._device) if isinstance(X, torch.Tensor) else X
         self.batch_checks.inputs(X)
+        if not self._streaming_decided:
+            self.factor_streaming, self._streaming_decided = factor_streaming(self, X), True
         f, yy, records = self._backend.batch(X, y.to(self._device))
         self.add_batch(f, yy, records)
 

@@ -16,6 +16,18 @@ Conventions: bytes; ``K`` = output factors (``output_factors.n_output_factors``)
 dtype. A plan is an estimate of live tensor memory (not of the allocator's caches, nor of the
 interpreter and libraries): ``benchmarks/plan_accuracy.py`` compares it with measured peaks.
 
+Streaming of output factors (``backends.capture.stream_factors``): ``fit_plan`` plans a fit on the CPU,
+or without a budget, with the capture backend's constant rule (stream when the ``K`` factors'
+gradients exceed ``FACTOR_BUDGET`` elements); on CUDA with a budget it plans the fit holding them all
+and streams only when that peak exceeds ``memory_budget`` times the available memory. ``Laplace``
+takes that decision from the plan of its first batch (``factor_streaming``).
+
+Fit batch (``auto_fit_batch``, a run's ``curvature.fit_batch_size: auto``): on CUDA the largest
+``base * 2^k`` up to a cap whose fit, planned holding every factor's gradients, fits the budget; on
+the CPU ``base`` (a larger fit batch measured no faster there); ``mc_fisher`` keeps ``base`` (its
+sampled labels are drawn per batch, so the batch changes the fit). The other curvature types sum
+over the data, so the batch changes the fit only by float round-off.
+
 ``check_fit`` turns a plan into the early refusal of ``Laplace.fit``: where the predicted fit peak
 exceeds ``memory_budget`` times the memory available (``available_memory``: CUDA
 ``mem_get_info`` plus the caching allocator's free blocks, else ``MemAvailable`` of
@@ -25,6 +37,7 @@ exceeds ``memory_budget`` times the memory available (``available_memory``: CUDA
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import MutableMapping
@@ -34,6 +47,7 @@ import torch
 from torch import nn
 
 from laplace_lab.laplace import checks
+from laplace_lab.laplace.backends.capture import BUDGET_DEVICES, stream_factors
 from laplace_lab.laplace.modules import eval_with_hooks, is_kfac_module
 from laplace_lab.laplace.output_factors import n_output_factors
 from laplace_lab.laplace.plan_terms import LayerShape, MemoryPlan, ModelShape
@@ -124,8 +138,26 @@ def shape_of(model: nn.Module, probe: dict, subset: str, last_layer_name: str | 
 # ---- plans -----------------------------------------------------------------------------------------
 def structure_plan(struct_cls, shape: ModelShape, batch: int, n_factors: int,
                    options: dict | None = None) -> MemoryPlan | None:
-    """``struct_cls.memory_plan`` (``None`` where the structure declares none)."""
-    return struct_cls.memory_plan(shape, batch, n_factors, options or {})
+    """``struct_cls.memory_plan`` (``None`` where the structure declares none); ``stream`` set from
+    ``shape.streams``."""
+    plan = struct_cls.memory_plan(shape, batch, n_factors, options or {})
+    if plan is not None:
+        plan.stream = shape.streams(batch, n_factors, struct_cls.factor_chunks)
+    return plan
+
+
+def fit_plan(struct_cls, shape: ModelShape, batch: int, n_factors: int, options: dict | None = None,
+             device_type: str | None = None, limit: float | None = None) -> MemoryPlan | None:
+    """``structure_plan`` with the capture backend's streaming decided as it will be: on
+    ``BUDGET_DEVICES`` with a ``limit`` (bytes: ``memory_budget`` times the available memory), by
+    ``stream_factors`` on the plan that holds every output factor's gradients (streamed only when
+    that plan's fit peak exceeds ``limit``); elsewhere ``stream_factors``' constant rule."""
+    if device_type not in BUDGET_DEVICES or limit is None or not shape.can_stream(struct_cls.factor_chunks):
+        return structure_plan(struct_cls, shape, batch, n_factors, options)
+    held = structure_plan(struct_cls, dataclasses.replace(shape, stream=False), batch, n_factors, options)
+    if held is None or not stream_factors(n_factors * batch * shape.recorded, device_type, held.fit, limit):
+        return held
+    return structure_plan(struct_cls, dataclasses.replace(shape, stream=True), batch, n_factors, options)
 
 
 def available_memory(device: torch.device | str) -> int:
@@ -172,8 +204,10 @@ class FitPlan:
 
 
 def alternatives(model: nn.Module, probe: dict, batch: int, n_factors: int, curvature: str,
-                 last_layer_name: str | None = None, dtype=None) -> list[FitPlan]:
-    """Plans of every registered structure that supports ``curvature``, for every subset (default options)."""
+                 last_layer_name: str | None = None, dtype=None, device_type: str | None = None,
+                 limit: float | None = None) -> list[FitPlan]:
+    """Plans of every registered structure that supports ``curvature``, for every subset (default
+    options), their streaming decided as ``fit_plan`` does on ``device_type`` with ``limit``."""
     rows = []
     for subset in SUBSETS:
         try:
@@ -182,20 +216,23 @@ def alternatives(model: nn.Module, probe: dict, batch: int, n_factors: int, curv
             continue
         for name, cls in STRUCTURES.items():
             if curvature in cls.curvature_types:
-                rows.append(FitPlan(subset, name, shape.n_params, structure_plan(cls, shape, batch, n_factors)))
+                rows.append(FitPlan(subset, name, shape.n_params,
+                                    fit_plan(cls, shape, batch, n_factors, None, device_type, limit)))
     return rows
 
 
-def laplace_plan(la, X, batch: int | None = None) -> tuple[MemoryPlan | None, dict]:
-    """The plan of ``la`` (a ``Laplace``) for fit batches of ``batch`` inputs (default: ``X``'s),
-    and the model probe (``probe_model`` on the batch ``X``)."""
-    probe = probe_model(la.model, X)
+def laplace_plan(la, X, batch: int | None = None, device: torch.device | None = None,
+                 limit: float | None = None, probe: dict | None = None) -> tuple[MemoryPlan | None, dict]:
+    """The plan of ``la`` (a ``Laplace``) for fit batches of ``batch`` inputs (default: ``X``'s) on
+    ``device`` (default: ``la``'s) with ``limit`` bytes (``fit_plan``; ``None``: the constant
+    streaming rule), and the model probe (``probe_model`` on the batch ``X``, unless given)."""
+    probe = probe or probe_model(la.model, X)
     batch = batch or _batch_size(X)
     shape = shape_of(la.model, probe, la.subset_of_weights, _last_layer_name(la), la.dtype)
     K = n_output_factors(la.likelihood, la.curvature, probe["n_outputs"], la.n_mc_samples)
     cls = type(la.structure)
     options = {k: getattr(la.structure, k) for k in cls.options if hasattr(la.structure, k)}
-    plan = structure_plan(cls, shape, batch, K, options)
+    plan = fit_plan(cls, shape, batch, K, options, torch.device(device or la.device).type, limit)
     return plan, probe
 
 
@@ -213,21 +250,20 @@ def _last_layer_name(la) -> str | None:
 
 
 def check_fit(la, X, memory_budget: float | None, device: torch.device | None = None) -> MemoryPlan | None:
-    """``MemoryPlanError`` before any allocation when ``la``'s planned fit peak (batches like ``X``)
-    exceeds ``memory_budget`` times the available memory of ``device`` (default: ``la``'s); returns
-    the plan (``None``: no check)."""
+    """``MemoryPlanError`` before any allocation when ``la``'s planned fit peak (batches like ``X``,
+    streaming as ``fit_plan`` decides) exceeds ``memory_budget`` times the available memory of
+    ``device`` (default: ``la``'s); returns the plan (``None``: no check)."""
     if memory_budget is None:
         return None
-    plan, probe = laplace_plan(la, X)
-    if plan is None:
-        return None
-    device = device or la.device
+    device = torch.device(device or la.device)
     avail = available_memory(device)
     limit = memory_budget * avail
-    if plan.fit <= limit:
+    plan, probe = laplace_plan(la, X, device=device, limit=limit)
+    if plan is None or plan.fit <= limit:
         return plan
     K = n_output_factors(la.likelihood, la.curvature, probe["n_outputs"], la.n_mc_samples)
-    rows = alternatives(la.model, probe, _batch_size(X), K, la.curvature, _last_layer_name(la), la.dtype)
+    rows = alternatives(la.model, probe, _batch_size(X), K, la.curvature, _last_layer_name(la), la.dtype,
+                        device.type, limit)
     fits = sorted((r for r in rows if r.memory is not None and r.memory.fit <= limit), key=lambda r: r.memory.fit)
     biggest = max(plan.parts, key=plan.parts.get) if plan.parts else None
     alt = ", ".join(f"hessian_structure={r.structure!r} subset_of_weights={r.subset!r} ({human(r.memory.fit)})"
@@ -238,6 +274,54 @@ def check_fit(la, X, memory_budget: float | None, device: torch.device | None = 
         f"{human(plan.fit)} to fit" + (f" (largest part: {biggest} {human(plan.parts[biggest])})" if biggest else "")
         + f", but memory_budget={memory_budget} of the {human(avail)} available on {device} is "
         f"{human(limit)}. Alternatives that fit: {alt}. memory_budget=None skips this check.")
+
+
+def factor_streaming(la, X=None, memory_plan: MemoryPlan | None = None) -> bool | None:
+    """The capture backend's streaming decision for ``la``'s fit (``Laplace.factor_streaming``): on
+    ``BUDGET_DEVICES`` with a ``memory_budget``, ``memory_plan.stream`` (``check_fit``'s plan of the
+    first batch) or else ``fit_plan``'s on the first batch ``X``; ``None`` (``stream_factors``'
+    constant rule, per batch) elsewhere, where the structure declares no plan and where ``X`` is not
+    a float tensor (the backend streams only those)."""
+    if la.device.type not in BUDGET_DEVICES or la.memory_budget is None:
+        return None
+    if memory_plan is None and not (isinstance(X, torch.Tensor) and X.is_floating_point()):
+        return None
+    if memory_plan is None:
+        memory_plan, _ = laplace_plan(la, X, limit=la.memory_budget * available_memory(la.device))
+    return None if memory_plan is None else memory_plan.stream
+
+
+AUTO_FIT_BATCH_CAP = 4096  # the largest fit batch ``auto_fit_batch`` tries
+
+
+def auto_fit_batch(la, X, base: int, cap: int = AUTO_FIT_BATCH_CAP, memory_budget: float = DEFAULT_MEMORY_BUDGET,
+                   device: torch.device | None = None) -> tuple[int, str]:
+    """``(batch, reason)``: the fit batch for ``la`` on ``device`` (default: ``la``'s), ``X`` a batch
+    of its inputs. On ``BUDGET_DEVICES``: the largest ``base * 2^k <= max(base, cap)`` whose fit,
+    planned holding every output factor's gradients, fits ``memory_budget`` times the available
+    memory (a batch that would only fit streamed is not taken: streaming costs time there); ``base``
+    where none does (the fit then streams or ``check_fit`` refuses it), on other devices (the CPU: a
+    larger batch measured no faster), for ``curvature='mc_fisher'`` (labels are drawn per batch: the
+    batch changes the fit) and where the structure declares no plan. The other curvature types sum
+    over the data: a fit at any batch equals one at ``base`` up to float round-off."""
+    device = torch.device(device or la.device)
+    if device.type not in BUDGET_DEVICES:
+        return base, f"{device.type}: the eval batch (a larger fit batch is no faster there)"
+    if la.curvature == "mc_fisher":
+        return base, "curvature='mc_fisher' draws its labels per batch: the batch would change the fit"
+    limit = memory_budget * available_memory(device)
+    probe, batch, reason = probe_model(la.model, X), base, "no larger batch fits without streaming"
+    while batch * 2 <= cap:
+        memory, _ = laplace_plan(la, X, batch * 2, device, limit, probe)
+        if memory is None:
+            return base, f"hessian_structure={la.hessian_structure!r} declares no memory plan"
+        if memory.stream or memory.fit > limit:
+            break
+        batch *= 2
+    else:
+        reason = f"the cap {cap}"
+    return batch, f"largest base x 2^k that fits {memory_budget} of {human(available_memory(device))} " \
+                  f"unstreamed ({reason})"
 
 
 def predict_chunk(la, plan: MemoryPlan, chunk_size: int | None, n_inputs: int, memory_budget: float) -> int:

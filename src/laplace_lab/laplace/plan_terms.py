@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from laplace_lab.laplace.backends.capture import FACTOR_BUDGET, STREAM_BUDGET
+from laplace_lab.laplace.backends.capture import STREAM_BUDGET, stream_factors
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,9 @@ class ModelShape:
     widest: int  # the largest leaf output (or input) per input
     itemsize: int  # bytes per element of the model's dtype
     chain: bool  # the graph-free chain backend runs this model (no streaming of output factors)
+    # the capture backend streams the output factors' gradients (``plan.fit_plan`` decides it with
+    # ``backends.capture.stream_factors`` on a budget device); None: ``stream_factors``' constant rule
+    stream: bool | None = None
 
     @property
     def n_params(self) -> int:
@@ -48,6 +51,18 @@ class ModelShape:
     def recorded(self) -> int:
         """Output elements per input of the subset's modules (their gradients are kept per factor)."""
         return sum(lay.out_numel for lay in self.layers)
+
+    def can_stream(self, factor_chunks: bool) -> bool:
+        """Whether the capture backend can stream a fit of a structure with ``factor_chunks`` on this
+        shape (all weights, not the graph-free chain's model)."""
+        return self.subset != "last_layer" and not self.chain and factor_chunks
+
+    def streams(self, batch: int, n_factors: int, factor_chunks: bool) -> bool:
+        """Whether a fit batch of ``batch`` inputs is planned streamed: ``stream`` where decided, else
+        ``backends.capture.stream_factors``' constant rule on ``K N`` times ``recorded`` elements."""
+        if not self.can_stream(factor_chunks):
+            return False
+        return self.stream if self.stream is not None else stream_factors(n_factors * batch * self.recorded)
 
 
 @dataclass
@@ -63,6 +78,7 @@ class MemoryPlan:
     sample_fixed: int
     sample_per_draw: int
     parts: dict[str, int] = field(default_factory=dict)  # named terms of ``fit`` (messages, tables)
+    stream: bool = False  # the capture backend streams the fit's output factors (``plan.fit_plan``)
 
     def predict(self, n_inputs: int) -> int:
         return self.predict_fixed + n_inputs * self.predict_per_input
@@ -77,12 +93,12 @@ def backend_batch_bytes(shape: ModelShape, batch: int, n_factors: int, factor_ch
     (``activations``: all-weights keeps every leaf output, last-layer runs without a graph and holds
     about two at a time), the ``K`` output factors ``V`` and the network output, the output
     gradients of the recorded modules (``K N`` rows each; streamed one factor at a time by the
-    capture backend when they exceed ``backends.capture.FACTOR_BUDGET`` elements and the structure
-    has ``factor_chunks``) and the cotangent in flight through the widest layer."""
+    capture backend as ``ModelShape.streams`` says: ``backends.capture.stream_factors``, the
+    backend's own rule) and the cotangent in flight through the widest layer."""
     b, N, K, C = shape.itemsize, batch, n_factors, shape.n_outputs
     last = shape.subset == "last_layer"
     grads = K * N * shape.recorded
-    if not last and not shape.chain and factor_chunks and grads > FACTOR_BUDGET:
+    if shape.streams(batch, n_factors, factor_chunks):
         grads = N * shape.recorded + STREAM_BUDGET
     return {"activations": b * N * (2 * shape.widest if last else shape.activations),
             # the exact classification GGN's factors (K = C - 1, curvature._classification_ggn_sqrt)

@@ -14,6 +14,16 @@ registered in the forward), so what stays alive is the forward graph alone, as i
 (conv outputs that only feed an addition are not kept by autograd: 75 MB for WRN-16-4 at batch 32).
 Same work, plus the input's gradient through the first layer; on the CPU the ``K`` backward passes
 ran one by one anyway.
+
+When a batch is streamed (``stream_factors``, the one rule the memory plan uses too,
+``plan_terms.backend_batch_bytes``): on the CPU, or without a memory budget
+(``Laplace(memory_budget=None)``), when the ``K`` factors' gradients exceed ``FACTOR_BUDGET``
+elements, decided per batch, as streaming costs no time there. On ``BUDGET_DEVICES`` (CUDA) streaming
+costs time (the ``K`` backward passes run one after the other instead of as one batched backward:
+WRN-16-4 KFAC fit 1.31 s -> 2.31 s on an H200), so with a budget a fit streams only when holding all
+``K`` factors' gradients would push its planned fit peak above ``memory_budget`` times the
+available memory; ``plan.fit_plan`` decides once per fit on its first batch (``Laplace.factor_streaming``)
+and the backend follows it.
 """
 
 from __future__ import annotations
@@ -30,6 +40,24 @@ STREAM_BUDGET = 2**22  # output-gradient elements held while streaming (16 MiB i
 # memory of a WRN-16-4 batch but raised the peak RSS (glibc kept the freed heap: 0.70 vs 0.55 GiB
 # above the start, benchmarks/fit_memory.py), so there the outputs are kept
 OUTPUT_FREE_DEVICES = ("cuda",)
+# devices on which streaming costs time: there a fit streams only when the memory budget needs it
+BUDGET_DEVICES = ("cuda",)
+
+
+def stream_factors(n_grads: int, device_type: str | None = None, held_fit: float | None = None,
+                   limit: float | None = None) -> bool:
+    """Whether the capture backend streams a fit batch whose ``K`` output factors' gradients of the
+    recorded modules are ``n_grads`` elements (``K N`` times their output elements per input).
+
+    ``device_type`` in ``BUDGET_DEVICES`` with a ``limit`` (bytes: ``memory_budget`` times the
+    available memory) and ``held_fit`` (bytes: the planned fit peak with all those gradients held):
+    stream exactly when ``held_fit > limit``. Otherwise (the CPU, ``memory_budget=None``, no plan):
+    the constant rule, ``n_grads > FACTOR_BUDGET``. Whether a batch can be streamed at all (the
+    structure's ``factor_chunks``, a float input every recorded output depends on) is the caller's.
+    """
+    if device_type in BUDGET_DEVICES and limit is not None and held_fit is not None:
+        return held_fit > limit
+    return n_grads > FACTOR_BUDGET
 
 
 @register
@@ -62,6 +90,14 @@ class CaptureBackend(Backend):
                 out = la.model(X)
         return cap, out
 
+    def _stream(self, n_factors: int, cap) -> bool:
+        """``Laplace.factor_streaming`` where the plan decided it for this fit (``BUDGET_DEVICES`` with a
+        ``memory_budget``), else ``stream_factors``' constant rule on this batch's gradients."""
+        decided = self.la.factor_streaming
+        if decided is not None:
+            return decided
+        return stream_factors(n_factors * sum(c.out_shape.numel() for r in cap.records for c in r.calls))
+
     def batch(self, X, y):
         la = self.la
         source = None  # the input as a leaf requiring grad: the streamed backward's target
@@ -76,9 +112,7 @@ class CaptureBackend(Backend):
         f, yy = la.lik.prepare(out, y)
         V = output_factors(la.lik, la.curvature, f, yy, la.n_mc_samples, la.generator)
         V = V.reshape(V.shape[0], *out.shape)
-        if source is not None and (cap.stream_mode or (
-                V.shape[0] * sum(c.out_shape.numel() for r in cap.records for c in r.calls) > FACTOR_BUDGET
-                and cap.can_stream(out, source))):
+        if source is not None and (cap.stream_mode or (self._stream(V.shape[0], cap) and cap.can_stream(out, source))):
             self.streaming = True
             return f.detach(), yy, Streamed(lambda accumulate: cap.stream(out, V, source, accumulate, STREAM_BUDGET))
         cap.backward(out, V)
