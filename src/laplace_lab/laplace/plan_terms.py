@@ -98,8 +98,8 @@ def backend_batch_bytes(shape: ModelShape, batch: int, n_factors: int, factor_ch
     b, N, K, C = shape.itemsize, batch, n_factors, shape.n_outputs
     last = shape.subset == "last_layer"
     grads = K * N * shape.recorded
-    if shape.streams(batch, n_factors, factor_chunks):
-        grads = N * shape.recorded + STREAM_BUDGET
+    if shape.streams(batch, n_factors, factor_chunks):  # one factor's arriving beside STREAM_BUDGET held
+        grads = min(grads, N * shape.recorded + STREAM_BUDGET)
     return {"activations": b * N * (2 * shape.widest if last else shape.activations),
             # the exact classification GGN's factors (K = C - 1, curvature._classification_ggn_sqrt)
             # pass through two more [N, C, C] tensors before the kept [K, N, C]
