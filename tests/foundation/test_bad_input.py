@@ -129,6 +129,9 @@ def test_map_loss_without_prior_rejects_online_and_grid(extra, tmp_path, no_trai
         (["data=uci", "data.name=iris"], r"data.name='iris' is not supported; allowed: \[.*'yacht'"),
         (["data=mnist", "data.ood=[kmnist,imagenet]"], r"data.ood='imagenet' is not supported; allowed: \[.*'kmnist'"),
         (["checkpoint.resume_from=/no/such/last.ckpt"], r"checkpoint.resume_from='/no/such/last.ckpt' does not exist"),
+        # an integer, null or auto; the message names the option and the allowed values
+        *[([f"curvature.fit_batch_size={v}"], r"curvature.fit_batch_size=.* is not supported; allowed: null "
+           r"\(data.eval_batch_size\), an integer >= 1, or 'auto'") for v in ("0", "-3", "automatic", "1.5", "true")],
     ],
 )
 def test_invalid_values_fail_before_data(overrides, pattern, tmp_path, no_training, monkeypatch):

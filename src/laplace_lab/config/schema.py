@@ -90,6 +90,18 @@ class LoggerConfig:
     wandb: WandbConfig = group(WandbConfig)
 
 
+FIT_BATCH_AUTO = "auto"
+FIT_BATCH_MESSAGE = ("{name}={value!r} is not supported; allowed: null (data.eval_batch_size), an integer >= 1, "
+                     "or 'auto' (on CUDA the largest data.eval_batch_size x 2^k, at most 4096 and the training "
+                     "set, whose planned fit fits the memory budget unstreamed; on the CPU data.eval_batch_size)")
+
+
+def _fit_batch_ok(value: Any) -> bool:
+    """``curvature.fit_batch_size``: null, a positive integer or ``auto``."""
+    return value is None or value == FIT_BATCH_AUTO or (isinstance(value, int) and not isinstance(value, bool)
+                                                        and value >= 1)
+
+
 @dataclass(frozen=True)
 class CurvatureConfig:
     """``curvature/``: which weights (``subset_of_weights``: all | last_layer), which structure
@@ -102,7 +114,8 @@ class CurvatureConfig:
     hessian_structure: str = option(REQUIRED, "str")
     type: str = option("ggn", "str")
     n_mc_samples: int = option(1, "int", low=1)  # sampled labels per datum for type=mc_fisher
-    fit_batch_size: int | None = option(None, "int", low=1, nullable=True)  # null: data.eval_batch_size
+    # null: data.eval_batch_size; auto: chosen from the memory budget (training.laplace_plan.fit_batch_size)
+    fit_batch_size: int | str | None = option(None, "any", accepts=_fit_batch_ok, message=FIT_BATCH_MESSAGE)
     structure_options: dict = field(default_factory=dict)  # not a key: the structure's options that are set
 
     def laplace_kwargs(self) -> dict[str, Any]:

@@ -297,7 +297,7 @@ AUTO_FIT_BATCH_CAP = 4096  # the largest fit batch ``auto_fit_batch`` tries
 def auto_fit_batch(la, X, base: int, cap: int = AUTO_FIT_BATCH_CAP, memory_budget: float = DEFAULT_MEMORY_BUDGET,
                    device: torch.device | None = None) -> tuple[int, str]:
     """``(batch, reason)``: the fit batch for ``la`` on ``device`` (default: ``la``'s), ``X`` a batch
-    of its inputs. On ``BUDGET_DEVICES``: the largest ``base * 2^k <= max(base, cap)`` whose fit,
+    of its inputs (not read off ``BUDGET_DEVICES``). On ``BUDGET_DEVICES``: the largest ``base * 2^k <= max(base, cap)`` whose fit,
     planned holding every output factor's gradients, fits ``memory_budget`` times the available
     memory (a batch that would only fit streamed is not taken: streaming costs time there); ``base``
     where none does (the fit then streams or ``check_fit`` refuses it), on other devices (the CPU: a
@@ -306,11 +306,11 @@ def auto_fit_batch(la, X, base: int, cap: int = AUTO_FIT_BATCH_CAP, memory_budge
     over the data: a fit at any batch equals one at ``base`` up to float round-off."""
     device = torch.device(device or la.device)
     if device.type not in BUDGET_DEVICES:
-        return base, f"{device.type}: the eval batch (a larger fit batch is no faster there)"
+        return base, f"{device.type}: the eval batch (a larger fit batch measured no faster there)"
     if la.curvature == "mc_fisher":
         return base, "curvature='mc_fisher' draws its labels per batch: the batch would change the fit"
-    limit = memory_budget * available_memory(device)
-    probe, batch, reason = probe_model(la.model, X), base, "no larger batch fits without streaming"
+    avail = available_memory(device)
+    limit, probe, batch = memory_budget * avail, probe_model(la.model, X), base
     while batch * 2 <= cap:
         memory, _ = laplace_plan(la, X, batch * 2, device, limit, probe)
         if memory is None:
@@ -318,10 +318,8 @@ def auto_fit_batch(la, X, base: int, cap: int = AUTO_FIT_BATCH_CAP, memory_budge
         if memory.stream or memory.fit > limit:
             break
         batch *= 2
-    else:
-        reason = f"the cap {cap}"
-    return batch, f"largest base x 2^k that fits {memory_budget} of {human(available_memory(device))} " \
-                  f"unstreamed ({reason})"
+    return batch, (f"the largest {base} x 2^k <= {cap} whose fit holds its output factors within "
+                   f"memory_budget={memory_budget} of the {human(avail)} available on {device}")
 
 
 def predict_chunk(la, plan: MemoryPlan, chunk_size: int | None, n_inputs: int, memory_budget: float) -> int:

@@ -20,6 +20,7 @@ under Lightning's Trainer only, ``training.loop_choice``); this module imports n
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from laplace_lab import lazy_attributes
-from laplace_lab.config.schema import AugmentationConfig, MarglikConfig, RunConfig
+from laplace_lab.config.schema import FIT_BATCH_AUTO, AugmentationConfig, MarglikConfig, RunConfig
 from laplace_lab.laplace import differentiable_marglik as dm
 from laplace_lab.laplace.marglik_schedule import is_marglik_epoch, marglik_epochs
 from laplace_lab.models.augmentation import TRANSFORMS, AffineAugmentation, AugmentedModel
@@ -36,6 +37,7 @@ from laplace_lab.models.augmentation import TRANSFORMS, AffineAugmentation, Augm
 if TYPE_CHECKING:  # annotations only
     import pytorch_lightning as pl
 
+log = logging.getLogger(__name__)
 MODES = ("none", "fixed", "learned")
 
 
@@ -77,8 +79,13 @@ class AugmentationMarglikOptions:
         aug, m, c = run.augmentation, run.marglik, run.curvature
         if not (aug.wraps_model or (aug.report and m.online)):
             return None
+        fit_batch = c.fit_batch_size
+        if fit_batch == FIT_BATCH_AUTO:  # its differentiable fit (differentiable_marglik) declares no memory plan
+            log.info("curvature.fit_batch_size=auto: the augmentation marglik's full-data pass has no memory "
+                     "plan; it runs at data.eval_batch_size")
+            fit_batch = None
         return cls(aug.mode == "learned", c.hessian_structure, c.type, m.frequency, m.burnin, aug.lr, aug.lr_min,
-                   c.fit_batch_size, c.subset_of_weights == "all")
+                   fit_batch, c.subset_of_weights == "all")
 
 
 class AugmentationMarglikCore:

@@ -18,16 +18,19 @@ from laplace_lab.data.base import LabDataModule
 from laplace_lab.laplace import Laplace, plan
 from laplace_lab.laplace.output_factors import n_output_factors
 from laplace_lab.laplace.structures import STRUCTURES
+from laplace_lab.training.fit_batch import fit_batch_size
 from laplace_lab.training.plain_loop import resolve_device
 
 log = logging.getLogger(__name__)
 
 
-def _fit_batch(run: RunConfig, datamodule: LabDataModule):
-    """``(X, y, n_batches)``: the first fit batch of the run's Laplace and the number of batches."""
-    loader = datamodule.train_eval_dataloader(batch_size=run.curvature.fit_batch_size)
+def _fit_batch(run: RunConfig, datamodule: LabDataModule, la: Laplace, device: torch.device):
+    """``(X, y, n_batches, note)``: the first fit batch of the run's Laplace ``la`` fitted on
+    ``device``, the number of batches and how ``fit_batch_size=auto`` chose the batch (``''``)."""
+    batch, note = fit_batch_size(run.curvature.fit_batch_size, datamodule, la, device)
+    loader = datamodule.train_eval_dataloader(batch_size=batch)
     X, y = next(iter(loader))
-    return X, y, len(loader)
+    return X, y, len(loader), note
 
 
 def plan_table(run: RunConfig, datamodule: LabDataModule, model: torch.nn.Module, likelihood: str,
@@ -42,16 +45,18 @@ def plan_table(run: RunConfig, datamodule: LabDataModule, model: torch.nn.Module
 def _plan_table(run, datamodule, model, likelihood, probe_time):
     c = run.curvature
     device = next(model.parameters()).device
-    X, y, n_batches = _fit_batch(run, datamodule)
+    la = Laplace(model, likelihood, memory_budget=plan.DEFAULT_MEMORY_BUDGET, **c.laplace_kwargs())
+    X, y, n_batches, _ = _fit_batch(run, datamodule, la, device)
     X, y = X.to(device), y.to(device)
     probe = plan.probe_model(model, X)
     K = n_output_factors(likelihood, c.type, probe["n_outputs"], int(c.n_mc_samples))
-    rows = plan.alternatives(model, probe, X.shape[0], K, c.type)
+    limit = plan.DEFAULT_MEMORY_BUDGET * plan.available_memory(device)
+    rows = plan.alternatives(model, probe, X.shape[0], K, c.type, device_type=device.type, limit=limit)
     for row in rows:
         if (row.subset, row.structure) == (c.subset_of_weights, c.hessian_structure) and c.structure_options:
             shape = plan.shape_of(model, probe, row.subset)
-            row.memory = plan.structure_plan(STRUCTURES[row.structure], shape, X.shape[0], K, c.structure_options)
-    limit = plan.DEFAULT_MEMORY_BUDGET * plan.available_memory(device)
+            row.memory = plan.fit_plan(STRUCTURES[row.structure], shape, X.shape[0], K, c.structure_options,
+                                       device.type, limit)
     if probe_time:
         for row in rows:
             if row.memory is not None and row.memory.fit <= limit:
@@ -91,15 +96,15 @@ def check_run_laplace(run: RunConfig, datamodule: LabDataModule, model: torch.nn
 
 def _check_run_laplace(run, datamodule, model, likelihood) -> None:
     c = run.curvature
-    X, y, n_batches = _fit_batch(run, datamodule)
     device = next(model.parameters()).device
-    X, y = X.to(device), y.to(device)
 
     def make(budget=None):
         return Laplace(model, likelihood, memory_budget=budget, **c.laplace_kwargs())
 
     la = make(plan.DEFAULT_MEMORY_BUDGET)
     target = resolve_device(run.trainer.accelerator)  # where the Laplace is fitted, after training
+    X, y, n_batches, note = _fit_batch(run, datamodule, la, target)
+    X, y = X.to(device), y.to(device)
     memory = plan.check_fit(la, X, la.memory_budget, target)  # raises MemoryPlanError, naming what fits
     if memory is None:
         log.info("Laplace plan: %s %s %s declares no memory plan", c.subset_of_weights, c.hessian_structure, c.type)
@@ -107,9 +112,16 @@ def _check_run_laplace(run, datamodule, model, likelihood) -> None:
     # the time probe runs where the network is now: on the fit's device only
     when = _seconds(plan.probe_fit_time(make, X, y, n_batches)) if target.type == device.type else \
         f"not probed (the network is on {device.type} before training)"
-    log.info("Laplace plan: %s %s %s, %d batches of %d: fit peak ~%s (kept %s; %s available on %s), fit ~%s",
-             c.subset_of_weights, c.hessian_structure, c.type, n_batches, X.shape[0], plan.human(memory.fit),
+    log.info("Laplace plan: %s %s %s, %d batches of %d%s, output factors %s: fit peak ~%s (kept %s; %s available "
+             "on %s), fit ~%s", c.subset_of_weights, c.hessian_structure, c.type, n_batches, X.shape[0],
+             f" ({note})" if note else "", _streaming(memory, target), plan.human(memory.fit),
              plan.human(memory.state), plan.human(plan.available_memory(target)), target, when)
+
+
+def _streaming(memory: plan.MemoryPlan, device: torch.device) -> str:
+    """How the capture backend will take the output factors' gradients, for the plan's line."""
+    rule = "memory budget" if device.type in plan.BUDGET_DEVICES else "fixed size"
+    return f"{'streamed' if memory.stream else 'held'} ({rule} rule)"
 
 
 def _seconds(s: float) -> str:

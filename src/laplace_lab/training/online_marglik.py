@@ -47,12 +47,13 @@ import torch
 from torch import nn
 
 from laplace_lab import lazy_attributes
+from laplace_lab.config.schema import FIT_BATCH_AUTO, RunConfig
 from laplace_lab.config.schema import MarglikConfig as M  # the options' defaults, declared once
-from laplace_lab.config.schema import RunConfig
 from laplace_lab.laplace import Laplace
 from laplace_lab.laplace.distributed import ShardBatches
 from laplace_lab.laplace.hyper import MarglikOptimizer
 from laplace_lab.laplace.marglik_schedule import is_marglik_epoch, marglik_epochs  # noqa: F401 (re-exported)
+from laplace_lab.training.fit_batch import fit_batch_size
 from laplace_lab.training.hyperparameters import (
     PRIOR_STRUCTURES,
     example_input,
@@ -115,7 +116,8 @@ class OnlineMarglikOptions:
         optimize_sigma: also learn the noise std (regression only).
         early_stopping: restore the best-marglik weights and hyperparameters at the end.
         log_min, log_max: clamp range of every log hyperparameter.
-        fit_batch_size: batch size of the Laplace fit's data pass (``None``: training batch size).
+        fit_batch_size: batch size of the Laplace fit's data pass (``None``: ``data.eval_batch_size``;
+            ``"auto"``: ``training.fit_batch.fit_batch_size``, chosen at the first fit and kept).
         fused: accumulate the curvature during the training steps (no extra data pass).
     """
 
@@ -130,7 +132,7 @@ class OnlineMarglikOptions:
     early_stopping: bool = M.early_stopping
     log_min: float = M.log_min
     log_max: float = M.log_max
-    fit_batch_size: int | None = None
+    fit_batch_size: int | str | None = None
     fused: bool = M.fused
 
     def __post_init__(self):
@@ -267,6 +269,18 @@ class OnlineMarglikCore:
             self._fused_time += time.perf_counter() - start
 
     # --- the marglik step ----------------------------------------------------------------------
+    def _auto_fit_batch(self, trainer: pl.Trainer, la: Laplace) -> int:
+        """``fit_batch_size=auto``'s batch (``training.fit_batch``); over several processes the
+        smallest rank's, so that every rank cuts the training set into the same batches."""
+        batch = fit_batch_size(FIT_BATCH_AUTO, trainer.datamodule, la)[0]
+        if self._world > 1:
+            import torch.distributed as dist
+
+            every = [None] * self._world
+            dist.all_gather_object(every, batch)
+            batch = min(every)
+        return batch
+
     def on_train_epoch_end(self, trainer: pl.Trainer, module: MAPModule) -> None:
         if not self._is_marglik_epoch(trainer):
             return
@@ -277,6 +291,8 @@ class OnlineMarglikCore:
             la, self._fused, module.fused_curvature = self._fused.la, None, None
         else:
             la = self._make_laplace(module)
+            if self.fit_batch_size == FIT_BATCH_AUTO:  # chosen once, at the first fit (its memory is the run's)
+                self.fit_batch_size = self._auto_fit_batch(trainer, la)
             loader = trainer.datamodule.train_eval_dataloader(batch_size=self.fit_batch_size)
             if self._world > 1:  # DDP: every rank fits its share of the batches; the engine sums them
                 loader = ShardBatches(loader, self._world, trainer.global_rank)

@@ -23,6 +23,7 @@ from laplace_lab.config.schema import RunConfig
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.laplace import Laplace
 from laplace_lab.laplace.linear_mode import fit_linear_mode
+from laplace_lab.training.fit_batch import fit_batch_size
 from laplace_lab.training.hyperparameters import example_input, initial_log_prior
 from laplace_lab.training.module import MAPCore
 
@@ -40,7 +41,7 @@ def fit_posthoc_laplace(run: RunConfig, module: MAPCore, datamodule: LabDataModu
                  process_group=None)  # its loader is the whole training set on every rank: nothing to sum
     la.prior_precision = initial_log_prior(module.prior_precision, module.model, la.params, structure,
                                            groups=la.prior_groups).exp()
-    loader = datamodule.train_eval_dataloader(batch_size=c.fit_batch_size)
+    loader = datamodule.train_eval_dataloader(batch_size=fit_batch_size(c.fit_batch_size, datamodule, la)[0])
     la.fit(loader)
     log.info("Laplace fit: %s %s %s, %d batches, %.1f s", c.subset_of_weights, c.hessian_structure, c.type,
              len(loader), time.perf_counter() - start)
