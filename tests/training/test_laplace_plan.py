@@ -26,6 +26,7 @@ def test_run_logs_the_plan_of_its_laplace_in_one_line(caplog):
         check_run_laplace(run, datamodule, module.model, module.likelihood)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Laplace plan:")]
     assert "all kron ggn" in line and "fit peak ~" in line and "fit ~" in line and " s" in line
+    assert "output factors held (fixed size rule)" in line  # the CPU: FACTOR_BUDGET's rule, far below it
 
 
 def test_impossible_laplace_refused_before_training(monkeypatch, tmp_path):
@@ -63,3 +64,30 @@ def test_gpu_run_is_planned_against_the_gpu_without_a_cpu_time_probe(monkeypatch
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Laplace plan:")]
     assert "available on cuda:0" in line and "not probed (the network is on cpu" in line
     assert set(seen) == {"cuda:0"}
+
+
+def test_auto_fit_batch_and_streaming_named_in_the_plan_line(monkeypatch, caplog):
+    """``fit_batch_size=auto`` for a CUDA run: the chosen batch (the largest 16 x 2^k within the 150
+    training points, all memory free) and the budget's streaming decision appear in the one line;
+    on the CPU auto is ``data.eval_batch_size``."""
+    import torch
+
+    from laplace_lab.training import laplace_plan
+
+    overrides = [*SINUSOID, "curvature.hessian_structure=kron", "curvature.subset_of_weights=all",
+                 "curvature.fit_batch_size=auto", "+data.eval_batch_size=16"]
+    run = run_config(overrides)
+    datamodule, module = build(run, PLAIN)
+    with caplog.at_level(logging.INFO, logger="laplace_lab.training.laplace_plan"):
+        check_run_laplace(run, datamodule, module.model, module.likelihood)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Laplace plan:")]
+    assert "10 batches of 16 (fit_batch_size=auto)" in line
+    caplog.clear()
+    monkeypatch.setattr(laplace_plan, "resolve_device", lambda accelerator: torch.device("cuda", 0))
+    monkeypatch.setattr(plan, "available_memory", lambda device: 64 * 2**30)
+    with caplog.at_level(logging.INFO, logger="laplace_lab.training.laplace_plan"):
+        check_run_laplace(run, datamodule, module.model, module.likelihood)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Laplace plan:")]
+    assert len(datamodule.train_set) < 256
+    assert "2 batches of 128 (fit_batch_size=auto)" in line
+    assert "output factors held (memory budget rule)" in line

@@ -306,7 +306,7 @@ def auto_fit_batch(la, X, base: int, cap: int = AUTO_FIT_BATCH_CAP, memory_budge
     over the data: a fit at any batch equals one at ``base`` up to float round-off."""
     device = torch.device(device or la.device)
     if device.type not in BUDGET_DEVICES:
-        return base, f"{device.type}: the eval batch (a larger fit batch measured no faster there)"
+        return base, f"{device.type}: the eval batch, a larger fit batch measured no faster there"
     if la.curvature == "mc_fisher":
         return base, "curvature='mc_fisher' draws its labels per batch: the batch would change the fit"
     avail = available_memory(device)

@@ -23,9 +23,9 @@ log = logging.getLogger(__name__)
 
 def fit_batch_size(value: int | str | None, datamodule: LabDataModule, la: Laplace,
                    device: torch.device | None = None) -> tuple[int | None, str]:
-    """``(batch, note)``: the fit loader's ``batch_size`` for ``curvature.fit_batch_size=value``
+    """``(batch, reason)``: the fit loader's ``batch_size`` for ``curvature.fit_batch_size=value``
     (``None``: ``data.eval_batch_size``) and, for ``auto``, how it was chosen (``''`` otherwise) for
-    ``la`` fitted on ``device`` (default: ``la``'s); an ``auto`` choice is logged."""
+    ``la`` fitted on ``device`` (default: ``la``'s); an ``auto`` choice is logged with its reason."""
     if value != FIT_BATCH_AUTO:
         return value, ""
     device = torch.device(device or la.device)
@@ -37,6 +37,5 @@ def fit_batch_size(value: int | str | None, datamodule: LabDataModule, la: Lapla
         X = X.to(la.device)
     cap = min(plan.AUTO_FIT_BATCH_CAP, len(datamodule.train_set))
     batch, reason = plan.auto_fit_batch(la, X, base, cap, plan.DEFAULT_MEMORY_BUDGET, device)
-    note = f"fit_batch_size=auto: {batch} ({reason})"
-    log.info("Laplace %s", note)
-    return batch, note
+    log.info("Laplace fit_batch_size=auto: %d (%s)", batch, reason)
+    return batch, reason

@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from laplace_lab.config.schema import RunConfig
+from laplace_lab.config.schema import FIT_BATCH_AUTO, RunConfig
 from laplace_lab.data.base import LabDataModule
 from laplace_lab.laplace import Laplace, plan
 from laplace_lab.laplace.output_factors import n_output_factors
@@ -25,12 +25,12 @@ log = logging.getLogger(__name__)
 
 
 def _fit_batch(run: RunConfig, datamodule: LabDataModule, la: Laplace, device: torch.device):
-    """``(X, y, n_batches, note)``: the first fit batch of the run's Laplace ``la`` fitted on
-    ``device``, the number of batches and how ``fit_batch_size=auto`` chose the batch (``''``)."""
-    batch, note = fit_batch_size(run.curvature.fit_batch_size, datamodule, la, device)
-    loader = datamodule.train_eval_dataloader(batch_size=batch)
+    """``(X, y, n_batches)``: the first fit batch of the run's Laplace ``la`` fitted on ``device``
+    and the number of batches (``curvature.fit_batch_size``, ``training.fit_batch``)."""
+    loader = datamodule.train_eval_dataloader(batch_size=fit_batch_size(run.curvature.fit_batch_size, datamodule,
+                                                                        la, device)[0])
     X, y = next(iter(loader))
-    return X, y, len(loader), note
+    return X, y, len(loader)
 
 
 def plan_table(run: RunConfig, datamodule: LabDataModule, model: torch.nn.Module, likelihood: str,
@@ -46,7 +46,7 @@ def _plan_table(run, datamodule, model, likelihood, probe_time):
     c = run.curvature
     device = next(model.parameters()).device
     la = Laplace(model, likelihood, memory_budget=plan.DEFAULT_MEMORY_BUDGET, **c.laplace_kwargs())
-    X, y, n_batches, _ = _fit_batch(run, datamodule, la, device)
+    X, y, n_batches = _fit_batch(run, datamodule, la, device)
     X, y = X.to(device), y.to(device)
     probe = plan.probe_model(model, X)
     K = n_output_factors(likelihood, c.type, probe["n_outputs"], int(c.n_mc_samples))
@@ -103,7 +103,7 @@ def _check_run_laplace(run, datamodule, model, likelihood) -> None:
 
     la = make(plan.DEFAULT_MEMORY_BUDGET)
     target = resolve_device(run.trainer.accelerator)  # where the Laplace is fitted, after training
-    X, y, n_batches, note = _fit_batch(run, datamodule, la, target)
+    X, y, n_batches = _fit_batch(run, datamodule, la, target)
     X, y = X.to(device), y.to(device)
     memory = plan.check_fit(la, X, la.memory_budget, target)  # raises MemoryPlanError, naming what fits
     if memory is None:
@@ -114,7 +114,7 @@ def _check_run_laplace(run, datamodule, model, likelihood) -> None:
         f"not probed (the network is on {device.type} before training)"
     log.info("Laplace plan: %s %s %s, %d batches of %d%s, output factors %s: fit peak ~%s (kept %s; %s available "
              "on %s), fit ~%s", c.subset_of_weights, c.hessian_structure, c.type, n_batches, X.shape[0],
-             f" ({note})" if note else "", _streaming(memory, target), plan.human(memory.fit),
+             " (fit_batch_size=auto)" if c.fit_batch_size == FIT_BATCH_AUTO else "", _streaming(memory, target), plan.human(memory.fit),
              plan.human(memory.state), plan.human(plan.available_memory(target)), target, when)
 
 
