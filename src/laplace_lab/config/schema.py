@@ -23,6 +23,7 @@ from typing import Any
 from laplace_lab.evaluation.options import EvalConfig
 from laplace_lab.io.fields import REQUIRED, group, option
 from laplace_lab.laplace.options import Likelihood, LinkApprox, PredType
+from laplace_lab.laplace.plan import AUTO_FIT_BATCH_CAP
 from laplace_lab.laplace.predictive import HET_APPROXES
 from laplace_lab.models.augmentation import TRANSFORMS
 from laplace_lab.models.het_head import HET_HEADS
@@ -92,8 +93,9 @@ class LoggerConfig:
 
 FIT_BATCH_AUTO = "auto"
 FIT_BATCH_MESSAGE = ("{name}={value!r} is not supported; allowed: null (data.eval_batch_size), an integer >= 1, "
-                     "or 'auto' (on CUDA the largest data.eval_batch_size x 2^k, at most 4096 and the training "
-                     "set, whose planned fit fits the memory budget unstreamed; on the CPU data.eval_batch_size)")
+                     "or 'auto' (on CUDA the largest data.eval_batch_size x 2^k, at most "
+                     f"{AUTO_FIT_BATCH_CAP} and the training set, whose planned fit fits the memory budget "
+                     "unstreamed; on the CPU data.eval_batch_size)")
 
 
 def _fit_batch_ok(value: Any) -> bool:
