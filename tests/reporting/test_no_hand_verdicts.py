@@ -14,7 +14,7 @@ d ± se, n) and link to the generated verdicts, but not:
 - the earlier peer rule as a verdict, "within 2 paired standard errors" (``OLD_RULE``).
 
 A sentence that trips a pattern while stating a measurement is reworded (a comma or a digit's unit breaks
-a count phrase); there is no allow-list but ``PENDING``.
+a count phrase); there is no allow-list.
 
 The top README's generated preset table (between ``preset_table.BEGIN`` and ``preset_table.END``) is skipped:
 the generator writes it. Statics only: regular expressions over the text.
@@ -41,9 +41,6 @@ COUNT = re.compile(rf"(?<![\w.-])\d+\s+(?:of\s+(?:the\s+)?\d+\s+)?(?:[a-z'-]+\s+
 OLD_RULE = re.compile(r"within\s+2\s+paired\s+(?:standard\s+errors?|s\.?e\b)|\|d\|\s*<=\s*2\s*se\b", re.I)
 # page (relative to the root) -> why its hits are tolerated for now. An entry whose page has no hit left
 # fails the test, so the list only shrinks.
-PENDING = {
-    "experiments/immer2022_invariance_cpu/README.md": "being rewritten by the lead on another branch",
-}
 
 
 def generated_lines(lines: list[str]) -> set[int]:
@@ -79,17 +76,9 @@ def hand_verdicts(path: Path) -> list[str]:
 
 def test_no_hand_verdicts_in_the_pages():
     """No page outside the generated sections states a verdict or a count of verdicts."""
-    hits = [h for p in PAGES if str(p.relative_to(ROOT)) not in PENDING for h in hand_verdicts(p)]
+    hits = [h for p in PAGES for h in hand_verdicts(p)]
     assert not hits, ("hand-written verdicts (state the numbers and link to results/README.md instead):\n"
                       + "\n".join(hits) + f"\n{len(hits)} hit(s)")
-
-
-def test_pending_pages_still_need_their_entry():
-    """Each ``PENDING`` page exists and still has hits; a cleaned page must leave the list."""
-    for page in PENDING:
-        path = ROOT / page
-        assert path.exists(), f"PENDING names {page}, which does not exist"
-        assert hand_verdicts(path), f"{page} has no hand verdict left: remove it from PENDING"
 
 
 def test_the_scan_finds_what_it_should():
