@@ -54,6 +54,8 @@ CANDIDATES = {"lenet": ("model=lenet",), "mlp_500_300": ("model=mlp_500_300",),
               "mlp_50": ("model=mlp", "model.widths=[50]"), "mlp_100_100": ("model=mlp", "model.widths=[100,100]")}
 TERMS = ["laplace/log_lik", "laplace/log_det_ratio", "laplace/scatter"]
 METRICS = ["test/map/acc", "test/map/nll", "test/map/ece", "laplace/log_marglik", *TERMS, "hparams/prior_precision_mean"]
+# peer column -> our jobs' metric (ours log the prior's mean as laplace/prior_precision_mean)
+OURS_METRICS = {**{m: m for m in METRICS}, "hparams/prior_precision_mean": "laplace/prior_precision_mean"}
 FIELDS = ["side", "seed", "commit", "command", "data", "model", "n_train", "epochs", *METRICS, "wall_s"]
 DEFAULT_OUT = HERE / "marglik_authors_images.csv"
 
@@ -158,7 +160,7 @@ def ours_peer_rows(jobs_csv: Path, n_train: int, epochs: int) -> list[dict]:
     rows = ours_rows(jobs_csv, seed_key="seed",
                      settings={"data": "data.name", "model": "model", "widths": "model.widths",
                                "n_train": "data.n_train_subset", "epochs": "trainer.max_epochs"},
-                     metrics={**{m: m for m in METRICS if m in columns}, "wall_s": "wall_s"},
+                     metrics={**{c: m for c, m in OURS_METRICS.items() if m in columns}, "wall_s": "wall_s"},
                      where={"method_name": "online_kron"})
     for row in rows:
         row["model"] = candidate_of(row["model"], row.pop("widths"))
