@@ -221,11 +221,9 @@ def main() -> None:
     except ValueError:
         parser.error(f"--seeds: {args.seeds!r} is not comma-separated integers")
     try:
-        commit = checkout_commit(args.repo, "aleximmer/marglik", "--repo")
+        commit = checkout_commit(args.repo, "aleximmer/marglik", "--repo", needs="marglik.py")
     except PeerCheckoutError as err:
         parser.error(str(err))
-    if not (args.repo / "marglik.py").is_file():
-        parser.error(f"--repo: {args.repo} is not a checkout of aleximmer/marglik (no marglik.py in it)")
     import torch
 
     torch.set_num_threads(1)
