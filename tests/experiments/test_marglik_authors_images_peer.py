@@ -95,3 +95,16 @@ def test_add_ours_beside_the_authors_rows(tmp_path):
     values = peer_pairs.side_values(table, {"data": "fashion_mnist", "model": "mlp_50"}, "laplace/log_marglik", "t")
     assert values == {"ours": {1: -1.5}, "theirs": {1: -2.0}}
     assert any("aleximmer/marglik" in c for c in table.comments)
+
+
+def test_selection_per_side_and_seed():
+    def row(side, seed, model, lml, acc):
+        return {"data": "fashion_mnist", "side": side, "seed": str(seed), "model": model,
+                "laplace/log_marglik": str(lml), "test/map/acc": str(acc)}
+
+    rows = [row("ours", 0, "lenet", -10, 0.9), row("ours", 0, "mlp_50", -5, 0.8), row("ours", 0, "mlp_100_100", -7, 0.85),
+            row("theirs", 0, "lenet", -1, 0.9), row("theirs", 0, "mlp_50", -5, 0.8),
+            row("theirs", 1, "lenet", "", 0.9)]  # an empty score is left out
+    out = PEER.selection(rows)
+    assert [(s["side"], s["seed"], s["selected"], s["best"], s["tau"]) for s in out] == [
+        ("ours", 0, "mlp_50", "lenet", -1.0), ("theirs", 0, "lenet", "lenet", 1.0)]

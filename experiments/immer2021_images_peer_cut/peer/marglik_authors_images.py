@@ -32,6 +32,7 @@ network on the 10000 test images (``laplace_lab.evaluation.metrics``). No Laplac
     PYTHONPATH=src python experiments/immer2021_images_peer_cut/peer/marglik_authors_images.py \\
         --repo <aleximmer/marglik checkout> --data fashion_mnist --seeds 0,1,2
     PYTHONPATH=src python experiments/immer2021_images_peer_cut/peer/marglik_authors_images.py --add-ours <jobs CSV>
+    PYTHONPATH=src python experiments/immer2021_images_peer_cut/peer/marglik_authors_images.py --selection
 
 Resumes: (data, model, seed) already in ``--out`` are skipped. One torch thread.
 """
@@ -178,6 +179,34 @@ def add_ours(out: Path, jobs_csv: Path, n_train: int, epochs: int) -> None:
     print(f"{out}: {len(rows)} ours rows from {jobs_csv}, {kept} theirs rows kept")
 
 
+def selection(rows: list[dict], score: str = "laplace/log_marglik", target: str = "test/map/acc") -> list[dict]:
+    """Per (data, side, seed) whose rows hold ``score`` and ``target`` for every candidate that side
+    ran: the candidate with the highest ``score`` (``selected``), the one with the highest ``target``
+    (``best``) and Kendall's tau of the two over the candidates (``laplace_lab.reporting.model_selection``)."""
+    from laplace_lab.reporting.model_selection import kendall_tau
+
+    groups: dict[tuple, dict[str, tuple[float, float]]] = {}
+    for r in rows:
+        if r.get(score, "") != "" and r.get(target, "") != "":
+            groups.setdefault((r["data"], r["side"], int(r["seed"])), {})[r["model"]] = (float(r[score]), float(r[target]))
+    out = []
+    for (data, side, seed), cands in sorted(groups.items()):
+        names = sorted(cands)
+        out.append({"data": data, "side": side, "seed": seed, "candidates": names,
+                    "selected": max(names, key=lambda m: cands[m][0]), "best": max(names, key=lambda m: cands[m][1]),
+                    "tau": kendall_tau([cands[m][0] for m in names], [cands[m][1] for m in names])})
+    return out
+
+
+def print_selection(out: Path) -> None:
+    """``selection`` of the rows of ``out``, one line per data set, side and seed."""
+    from laplace_lab.reporting.peer_pairs import read_peer_csv
+
+    for s in selection(list(read_peer_csv(out).rows)):
+        print(f"{s['data']} {s['side']} seed {s['seed']}: selected {s['selected']}, most accurate {s['best']}, "
+              f"tau {s['tau']:+.2f} over {len(s['candidates'])} candidates")
+
+
 def start_csv(out: Path, command: str, our_commit: str, ours_from: str) -> None:
     """A new peer CSV: ``#`` lines saying what made it, then the header."""
     with out.open("w", newline="") as f:
@@ -208,7 +237,12 @@ def main() -> None:
                         help="what the side=ours rows come from, for a new CSV's header (a jobs CSV and how it was made)")
     parser.add_argument("--add-ours", type=Path, metavar="JOBS_CSV",
                         help="(re)write the side=ours rows of --out from this immer2021_images_peer_cut jobs CSV, then stop")
+    parser.add_argument("--selection", action="store_true",
+                        help="print the architecture each side's log marglik selects per seed in --out, then stop")
     args = parser.parse_args()
+    if args.selection:
+        print_selection(args.out)
+        return
     if args.add_ours:
         if not args.out.exists():
             parser.error(f"--add-ours: {args.out} does not exist (run the peer first)")
