@@ -95,6 +95,11 @@ def test_add_ours_beside_the_authors_rows(tmp_path):
     values = peer_pairs.side_values(table, {"data": "fashion_mnist", "model": "mlp_50"}, "laplace/log_marglik", "t")
     assert values == {"ours": {1: -1.5}, "theirs": {1: -2.0}}
     assert any("aleximmer/marglik" in c for c in table.comments)
+    PEER.add_ours(out, _jobs(tmp_path / "jobs.csv"), 5000, 10, ours_from="jobs of one launch")
+    table = peer_pairs.read_peer_csv(out)
+    assert [c for c in table.comments if c.startswith("side 'ours' rows:")] == [
+        "side 'ours' rows: jobs of one launch (their commit and command in the row, written by --add-ours)."]
+    assert len(table.rows) == 5
 
 
 def test_selection_per_side_and_seed():

@@ -170,12 +170,21 @@ def ours_peer_rows(jobs_csv: Path, n_train: int, epochs: int) -> list[dict]:
     return rows
 
 
-def add_ours(out: Path, jobs_csv: Path, n_train: int, epochs: int) -> None:
-    """Replace the ``side=ours`` rows of ``out`` by the online_kron jobs of ``jobs_csv``."""
-    from laplace_lab.reporting.peer_csv import replace_ours_rows
+OURS_FROM = "# side 'ours' rows: "
+
+
+def add_ours(out: Path, jobs_csv: Path, n_train: int, epochs: int, ours_from: str | None = None) -> None:
+    """Replace the ``side=ours`` rows of ``out`` by the online_kron jobs of ``jobs_csv``; the header's
+    ``# side 'ours' rows:`` line then says where they came from (``ours_from``, default the file's name)."""
+    from laplace_lab.reporting.peer_csv import replace_ours_rows, seal
 
     rows = ours_peer_rows(jobs_csv, n_train, epochs)
     kept = replace_ours_rows(out, rows, FIELDS)
+    text = ours_from or f"the online_kron jobs of {jobs_csv.name}"
+    lines = [f"{OURS_FROM}{text} (their commit and command in the row, written by --add-ours).\n"
+             if line.startswith(OURS_FROM) else line for line in out.read_text().splitlines(keepends=True)]
+    out.write_text("".join(lines))
+    seal(out)
     print(f"{out}: {len(rows)} ours rows from {jobs_csv}, {kept} theirs rows kept")
 
 
@@ -215,7 +224,7 @@ def start_csv(out: Path, command: str, our_commit: str, ours_from: str) -> None:
                 "# candidates of the architecture selection; plug-in test metrics by our metrics code.\n"
                 f"# Started by: {command}\n"
                 f"# at laplace-lab commit {our_commit} (this script, the data module and the networks).\n"
-                f"# side 'ours' rows: {ours_from} (their commit and command in the row, written by --add-ours).\n")
+                f"{OURS_FROM}{ours_from} (their commit and command in the row, written by --add-ours).\n")
         csv.DictWriter(f, FIELDS).writeheader()
 
 
@@ -233,8 +242,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--data-dir", default=os.environ.get("LAPLACE_LAB_DATA_DIR", "data"))
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--ours-from", default="none yet",
-                        help="what the side=ours rows come from, for a new CSV's header (a jobs CSV and how it was made)")
+    parser.add_argument("--ours-from", default=None,
+                        help="what the side=ours rows come from, for the CSV's header (a jobs CSV and how it was made)")
     parser.add_argument("--add-ours", type=Path, metavar="JOBS_CSV",
                         help="(re)write the side=ours rows of --out from this immer2021_images_peer_cut jobs CSV, then stop")
     parser.add_argument("--selection", action="store_true",
@@ -246,7 +255,7 @@ def main() -> None:
     if args.add_ours:
         if not args.out.exists():
             parser.error(f"--add-ours: {args.out} does not exist (run the peer first)")
-        add_ours(args.out, args.add_ours, args.n_train, args.epochs)
+        add_ours(args.out, args.add_ours, args.n_train, args.epochs, args.ours_from)
         return
     datasets = comma_choices(parser, "--data", args.data, ("mnist", "fashion_mnist"))
     models = comma_choices(parser, "--models", args.models, tuple(CANDIDATES))
@@ -269,7 +278,7 @@ def main() -> None:
     else:
         start_csv(args.out, "PYTHONPATH=src python experiments/immer2021_images_peer_cut/peer/marglik_authors_images.py "
                   + " ".join(shlex.quote(a) for a in portable_argv(sys.argv[1:])),
-                  laplace_torch_peer().our_commit(), args.ours_from)
+                  laplace_torch_peer().our_commit(), args.ours_from or "none yet")
     for data in datasets:
         for model_name in models:
             for seed in seeds:
