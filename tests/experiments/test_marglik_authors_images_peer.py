@@ -113,3 +113,16 @@ def test_selection_per_side_and_seed():
     out = PEER.selection(rows)
     assert [(s["side"], s["seed"], s["selected"], s["best"], s["tau"]) for s in out] == [
         ("ours", 0, "mlp_50", "lenet", -1.0), ("theirs", 0, "lenet", "lenet", 1.0)]
+
+
+def test_rows_already_run_are_skipped(tmp_path):
+    out = tmp_path / "peer.csv"
+    assert LAPLACE_TORCH_PEER.done_jobs(out) == set()
+    PEER.start_csv(out, "python marglik_authors_images.py", "abc123", "none yet")
+    from laplace_lab.reporting.peer_csv import append_row
+
+    row = {k: "" for k in PEER.FIELDS} | {"side": "theirs", "seed": 2, "commit": "050b026", "command": "x",
+                                          "data": "mnist", "model": "mlp_50", "n_train": 5000, "epochs": 10}
+    append_row(out, row, PEER.FIELDS, counted=True)
+    append_row(out, row | {"side": "ours", "seed": 1}, PEER.FIELDS, counted=True)
+    assert LAPLACE_TORCH_PEER.done_jobs(out) == {("mnist", "mlp_50", "2", "5000", "10")}

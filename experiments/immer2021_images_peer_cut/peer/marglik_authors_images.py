@@ -270,12 +270,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    done = set()
-    if args.out.exists():
-        with args.out.open() as f:
-            done = {(r["data"], r["model"], r["seed"], r["n_train"], r["epochs"])
-                    for r in csv.DictReader(line for line in f if not line.startswith("#")) if r["side"] == "theirs"}
-    else:
+    done = laplace_torch_peer().done_jobs(args.out)
+    if not args.out.exists():
         start_csv(args.out, "PYTHONPATH=src python experiments/immer2021_images_peer_cut/peer/marglik_authors_images.py "
                   + " ".join(shlex.quote(a) for a in portable_argv(sys.argv[1:])),
                   laplace_torch_peer().our_commit(), args.ours_from or "none yet")

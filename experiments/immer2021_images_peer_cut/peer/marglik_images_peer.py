@@ -165,6 +165,15 @@ def start_csv(out: Path, peer_version: str, command: str) -> None:
         csv.DictWriter(f, FIELDS).writeheader()
 
 
+def done_jobs(out: Path) -> set[tuple[str, ...]]:
+    """(data, model, seed, n_train, epochs) of the ``theirs`` rows already in ``out`` (none when absent)."""
+    if not out.exists():
+        return set()
+    with out.open() as f:
+        return {(r["data"], r["model"], r["seed"], r["n_train"], r["epochs"])
+                for r in csv.DictReader(line for line in f if not line.startswith("#")) if r["side"] == "theirs"}
+
+
 def ours_peer_rows(jobs_csv: Path, n_train: int, epochs: int) -> list[dict]:
     """``side=ours`` rows of an ``immer2021_images_peer_cut`` jobs CSV (its online_kron jobs; seed =
     ``seed``); ``n_train`` / ``epochs``: the preset's cut, unless a job overrides
@@ -216,12 +225,8 @@ def main() -> None:
     from importlib.metadata import version
 
     peer_version = f"laplace-torch {version('laplace-torch')} (PyPI)"
-    done = set()
-    if args.out.exists():
-        with args.out.open() as f:
-            done = {(r["data"], r["model"], r["seed"], r["n_train"], r["epochs"])
-                    for r in csv.DictReader(line for line in f if not line.startswith("#")) if r["side"] == "theirs"}
-    else:
+    done = done_jobs(args.out)
+    if not args.out.exists():
         start_csv(args.out, peer_version, "PYTHONPATH=src python experiments/immer2021_images_peer_cut/peer/marglik_images_peer.py "
                   + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     for data in datasets:
