@@ -22,6 +22,8 @@ SCRIPTS = {  # script, its repository option, the repository, the other required
     "redux": ("experiments/redux_mnist/peer/run_authors_uq.py", "--authors-repo", "runame/laplace-redux",
               ["--data-dir", ".", "--authors-python", "python", "--sweep-dir", "."]),
     "marglik": ("experiments/immer2021_uci/peer/marglik_authors_uci.py", "--repo", "aleximmer/marglik", []),
+    "marglik_images": ("experiments/immer2021_images_peer_cut/peer/marglik_authors_images.py", "--repo",
+                       "aleximmer/marglik", []),
     "mola": ("experiments/eschenhagen2021_mnist_cpu/peer/run_authors_mola.py", "--authors-repo", "runame/laplace-redux",
              ["--data-dir", ".", "--authors-python", "python", "--sweep-dir", "."]),
 }
@@ -48,6 +50,10 @@ def test_checkout_commit_reads_head(tmp_path):
     subprocess.run([*git, "init", "-q", str(tmp_path)], check=True)
     subprocess.run([*git, "-C", str(tmp_path), "commit", "-q", "--allow-empty", "-m", "x"], check=True)
     assert len(checkout_commit(tmp_path, "o/r", "--repo")) == 40
+    with pytest.raises(PeerCheckoutError, match=r"--repo: .* is not a checkout of o/r \(no marglik.py in it\)"):
+        checkout_commit(tmp_path, "o/r", "--repo", needs="marglik.py")
+    (tmp_path / "marglik.py").write_text("")
+    assert checkout_commit(tmp_path, "o/r", "--repo", needs="marglik.py") == checkout_commit(tmp_path, "o/r", "--repo")
     with pytest.raises(PeerCheckoutError, match=r"--repo is required: .* git clone https://github.com/o/r <folder> "
                                                 r"&& git -C <folder> checkout abc"):
         checkout_commit(None, "o/r", "--repo", "abc")

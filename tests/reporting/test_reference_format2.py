@@ -336,3 +336,58 @@ def test_printed_cells_parse_with_their_precision():
     assert ref.parse_printed("99 %") == (99.0, None, 0.0)  # no decimals: a limit or count, no rounding
     with pytest.raises(ValueError, match="is not a printed number"):
         ref.parse_printed("n/a")
+
+
+ARCH_CSV = """# a model-selection peer: both sides ran the same candidates
+side,seed,commit,command,model,laplace/log_marglik
+ours,0,abc,run,lenet,-100
+ours,1,abc,run,lenet,-101
+ours,2,abc,run,lenet,-102
+ours,0,abc,run,mlp_50,-90
+ours,1,abc,run,mlp_50,-91
+ours,2,abc,run,mlp_50,-92
+theirs,0,def,run,lenet,-80
+theirs,1,def,run,lenet,-81
+theirs,2,def,run,lenet,-82
+theirs,0,def,run,mlp_50,-95
+theirs,1,def,run,mlp_50,-96
+theirs,2,def,run,mlp_50,-94
+theirs,0,def,run,mlp_100,-70
+"""
+
+
+def csv_claim(id_, side, lhs="lenet", rhs="mlp_50", **extra):
+    entry = claim(id_, lhs, ">", rhs, metric="laplace/log_marglik", csv="peer/authors.csv", side=side)
+    return {**entry, "lhs": {"row": {"model": lhs}, "metric": "laplace/log_marglik"},
+            "rhs": {"row": {"model": rhs}, "metric": "laplace/log_marglik"}, **extra}
+
+
+def test_a_claim_on_a_peer_csv_is_judged_on_one_sides_rows_over_seeds(tmp_path):
+    out = judged(tmp_path, [csv_claim("ours", "ours"), csv_claim("theirs", "theirs"),
+                            csv_claim("one", "theirs", lhs="mlp_100"), csv_claim("none", "ours", lhs="mlp_100")],
+                 rows=[], csv_text=ARCH_CSV, peers=PEERS)
+    # ours: -101 vs -91 (se 0.577 each): fails; theirs: -81 vs -95: reproduces; one run: inconclusive
+    assert {k: v.verdict for k, v in out.items()} == {"ours": ref.FAILS, "theirs": ref.REPRODUCES,
+                                                      "one": ref.INCONCLUSIVE, "none": "not run"}
+    assert out["ours"].ours == "-101 ± 0.5774 (n=3) vs -91 ± 0.5774 (n=3)"
+    assert out["theirs"].ours == "-81 ± 0.5774 (n=3) vs -95 ± 0.5774 (n=3)"
+    assert out["theirs"].metric.endswith("on side=theirs of peer/authors.csv")
+    assert out["none"].why == "peer/authors.csv has no side=ours row {model=mlp_100} with laplace/log_marglik"
+    loaded = ref.load_reference(write(tmp_path, [csv_claim("theirs", "theirs")], csv_text=ARCH_CSV, peers=PEERS))
+    assert loaded["references"][0]["_code"] == "authors"
+
+
+@pytest.mark.parametrize("extra, peers, message", [
+    ({"side": None}, PEERS, r"entry 'q': fields `csv` and `side` go together"),
+    ({"side": "both"}, PEERS, r"entry 'q': field `side`='both' is not allowed; allowed: \['ours', 'theirs'\]"),
+    ({"csv": "../a.csv"}, PEERS, r"entry 'q': field `csv` must be a path relative"),
+    ({"lhs": {"row": {"arch": "lenet"}, "metric": "laplace/log_marglik"}}, PEERS,
+     r"entry 'q', field `csv`: .*field `lhs`: field `row` key\(s\) \['arch'\] are not columns"),
+    ({}, {"peer/other.csv": PEERS["peer/authors.csv"]}, r"entry 'q': field `csv` 'peer/authors.csv' is not declared"),
+])
+def test_a_claim_on_a_peer_csv_is_validated(tmp_path, extra, peers, message):
+    entry = csv_claim("q", "ours")
+    entry.update(extra)
+    entry = {k: v for k, v in entry.items() if v is not None}
+    with pytest.raises(ref.ReferenceFileError, match=message):
+        ref.load_reference(write(tmp_path, [entry], csv_text=ARCH_CSV, peers=peers))

@@ -137,3 +137,25 @@ def test_every_generated_verdict_page_is_current():
     column: regenerated here, compared byte for byte (one source of verdicts)."""
     stale = [str(p) for p, text in rs.outputs().items() if p.read_text() != text]
     assert not stale, f"{stale} are stale: run `{rs.COMMAND}`"
+
+
+def test_a_claim_on_a_peer_csv_is_judged_once_not_per_table(tmp_path):
+    from laplace_lab.reporting import reference as ref
+
+    exp, res = setup(tmp_path)
+    (exp / "paper" / "peer" / "b.csv").write_text(
+        "side,seed,model,commit,command,laplace/log_marglik\n"
+        + "".join(f"theirs,{s},{m},def,run,{v + s}\n" for s in range(3) for m, v in (("lenet", -80), ("mlp", -95)))
+        + "# rows: 6\n")
+    path = exp / "paper" / "reference_sel.yaml"
+    path.write_text(yaml.safe_dump({
+        "format": 2, "preset": "toy", "tables": ["toy", "toy_full"], "paper": "Paper et al. 2021 (Venue)",
+        "peers": {"peer/b.csv": {"code": "authors", "what": "their repository, end to end"}},
+        "references": [{"id": "sel", "kind": "claim", "claim": "LeNet's evidence > MLP's", "quote": "We select.",
+                        "op": ">", "csv": "peer/b.csv", "side": "theirs",
+                        "lhs": {"row": {"model": "lenet"}, "metric": "laplace/log_marglik"},
+                        "rhs": {"row": {"model": "mlp"}, "metric": "laplace/log_marglik"},
+                        "source": {"paper": "P", "where": "Sec. 5", "read_from": "arXiv"}}]}))
+    judged = rs.judge_file(ref.load_reference(path), res)
+    assert [(j.table, j.verdict.verdict, j.code) for j in judged] == [("", ref.REPRODUCES, "authors")]
+    assert "claims reproduced" in rs.HEADER and rs.counts_cells(judged)[1] == "1 of 1"

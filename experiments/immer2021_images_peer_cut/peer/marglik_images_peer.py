@@ -56,8 +56,9 @@ RECIPE = {"batch_size": 128, "lr": 1e-3, "eta_min": 1e-6, "lr_hyp": 1.0, "n_hype
 CUT = {"n_train": 5000, "epochs": 10}  # the defaults of --n-train / --epochs: immer2021_images_peer_cut's cut
 
 
-def build_model(name: str, input_shape, num_outputs: int) -> torch.nn.Module:
-    """``conf/model/<name>.yaml`` composed by Hydra (its defaults included), as ``training.build.build`` does."""
+def build_model(name: str, input_shape, num_outputs: int, overrides=None) -> torch.nn.Module:
+    """``conf/model/<name>.yaml`` composed by Hydra (its defaults included), as ``training.build.build``
+    does; ``overrides``: Hydra overrides that pick the model instead (e.g. ``("model=mlp", "model.widths=[50]")``)."""
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
@@ -65,7 +66,7 @@ def build_model(name: str, input_shape, num_outputs: int) -> torch.nn.Module:
 
     conf_dir = str(ROOT / "conf")
     with initialize_config_dir(config_dir=conf_dir, version_base=None):
-        cfg = compose(config_name="train", overrides=[f"model={name}"])
+        cfg = compose(config_name="train", overrides=list(overrides or [f"model={name}"]))
     return instantiate(cfg.model)(input_shape=input_shape, num_outputs=num_outputs)
 
 
@@ -102,19 +103,26 @@ def evaluate(la, model: torch.nn.Module, dm: VisionDataModule, n_test: int | Non
     return row
 
 
-def run_one(data: str, model_name: str, seed: int, args) -> dict:
-    from laplace import marglik_training
-    from laplace.curvature import AsdlGGN
-
-    dm = VisionDataModule(name=data, data_dir=args.data_dir, n_train_subset=args.n_train,
+def cut_data(data: str, seed: int, n_train: int, data_dir: str):
+    """(data module, training loader) of the cut: the first ``n_train`` images of the seeded
+    permutation with ``RECIPE['n_val']`` held out, batches of ``RECIPE['batch_size']``."""
+    dm = VisionDataModule(name=data, data_dir=data_dir, n_train_subset=n_train,
                           batch_size=RECIPE["batch_size"], n_val=RECIPE["n_val"], seed=seed, download=False)
     dm.setup("fit")
-    torch.manual_seed(seed)
-    model = build_model(model_name, dm.input_shape, 10)
     # a torch DataLoader reshuffled every epoch, as the authors' (dm.train_dataloader()'s sampler
     # reshuffles only when a Lightning loop calls set_epoch, which marglik_training does not)
     loader = torch.utils.data.DataLoader(dm.train_set, batch_size=RECIPE["batch_size"], shuffle=True,
                                          generator=torch.Generator().manual_seed(seed))
+    return dm, loader
+
+
+def run_one(data: str, model_name: str, seed: int, args) -> dict:
+    from laplace import marglik_training
+    from laplace.curvature import AsdlGGN
+
+    dm, loader = cut_data(data, seed, args.n_train, args.data_dir)
+    torch.manual_seed(seed)
+    model = build_model(model_name, dm.input_shape, 10)
     start = time.perf_counter()
     la, model, margliks, _ = marglik_training(
         model, loader, likelihood="classification", hessian_structure="kron", backend=AsdlGGN,
@@ -155,6 +163,15 @@ def start_csv(out: Path, peer_version: str, command: str) -> None:
                 f"# Started by: {command}\n"
                 f"# at laplace-lab commit {our_commit()} (this script and the data module).\n")
         csv.DictWriter(f, FIELDS).writeheader()
+
+
+def done_jobs(out: Path) -> set[tuple[str, ...]]:
+    """(data, model, seed, n_train, epochs) of the ``theirs`` rows already in ``out`` (none when absent)."""
+    if not out.exists():
+        return set()
+    with out.open() as f:
+        return {(r["data"], r["model"], r["seed"], r["n_train"], r["epochs"])
+                for r in csv.DictReader(line for line in f if not line.startswith("#")) if r["side"] == "theirs"}
 
 
 def ours_peer_rows(jobs_csv: Path, n_train: int, epochs: int) -> list[dict]:
@@ -208,12 +225,8 @@ def main() -> None:
     from importlib.metadata import version
 
     peer_version = f"laplace-torch {version('laplace-torch')} (PyPI)"
-    done = set()
-    if args.out.exists():
-        with args.out.open() as f:
-            done = {(r["data"], r["model"], r["seed"], r["n_train"], r["epochs"])
-                    for r in csv.DictReader(line for line in f if not line.startswith("#")) if r["side"] == "theirs"}
-    else:
+    done = done_jobs(args.out)
+    if not args.out.exists():
         start_csv(args.out, peer_version, "PYTHONPATH=src python experiments/immer2021_images_peer_cut/peer/marglik_images_peer.py "
                   + " ".join(shlex.quote(a) for a in sys.argv[1:]))
     for data in datasets:

@@ -134,11 +134,9 @@ def main() -> None:
         add_ours(args.out, args.add_ours)
         return
     try:
-        commit = checkout_commit(args.repo, "aleximmer/marglik", "--repo")
+        commit = checkout_commit(args.repo, "aleximmer/marglik", "--repo", needs="marglik.py")
     except PeerCheckoutError as err:
         parser.error(str(err))
-    if not (args.repo / "marglik.py").is_file():
-        parser.error(f"--repo: {args.repo} is not a checkout of aleximmer/marglik (no marglik.py in it)")
     sets = comma_choices(parser, "--sets", args.sets, UCI_DATASETS, "are not UCI sets")
     splits = _reference_helpers().parse_splits(args.splits)
     import torch

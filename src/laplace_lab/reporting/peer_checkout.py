@@ -24,8 +24,10 @@ def clone_advice(repo: str, path: str | Path | None, commit: str | None = None) 
     return advice + (f" && git -C {where} checkout {commit}" if commit else "")
 
 
-def checkout_commit(path: str | Path | None, repo: str, option: str, commit: str | None = None) -> str:
-    """``HEAD`` of the checkout of GitHub ``repo`` (``owner/name``) at ``path`` (given as ``option``)."""
+def checkout_commit(path: str | Path | None, repo: str, option: str, commit: str | None = None,
+                    needs: str | None = None) -> str:
+    """``HEAD`` of the checkout of GitHub ``repo`` (``owner/name``) at ``path`` (given as ``option``);
+    ``needs``: a file the checkout must hold (e.g. ``marglik.py``), else a ``PeerCheckoutError``."""
     if path is None or not Path(path).is_dir():
         what = "is required" if path is None else f"{str(path)!r} is not a folder"
         raise PeerCheckoutError(f"{option} {what}: it is a checkout of the authors' repository {repo}; make one "
@@ -34,4 +36,6 @@ def checkout_commit(path: str | Path | None, repo: str, option: str, commit: str
     if proc.returncode != 0:
         raise PeerCheckoutError(f"{option} {str(path)!r} is not a git checkout ({proc.stderr.strip() or 'git failed'})"
                                 f"; the script needs a checkout of {repo}: {clone_advice(repo, path, commit)}")
+    if needs and not (Path(path) / needs).is_file():
+        raise PeerCheckoutError(f"{option}: {path} is not a checkout of {repo} (no {needs} in it)")
     return proc.stdout.strip()

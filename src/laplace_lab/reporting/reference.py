@@ -17,6 +17,9 @@ Two file formats. ``format: 2`` (the one to write) has three kinds of entries:
   means: *reproduces* when it holds by more than 2 combined standard errors, *within noise* when
   the difference is inside them (for ``<=`` / ``>=`` that is consistent with the claim:
   *reproduces*), else *does not reproduce*. A claim comparing a row and metric with itself is refused.
+  With ``csv`` (a peer CSV declared in ``peers``) and ``side`` (``ours`` or ``theirs``), the two
+  means are those of that side's rows of the CSV over seeds instead of the table's (the same claim
+  judged on the authors' code, or on our runs of the peer's candidates); judged once, like a peer row.
 
 The file also names the ``paper``, optionally the committed ``tables`` it judges (default: its
 presets) and the paper's ``headline`` claims (one line each, with the entry ids that test them),
@@ -44,6 +47,7 @@ import yaml
 
 from laplace_lab.reporting import peer_pairs
 from laplace_lab.reporting import verdict_rules as rules
+from laplace_lab.reporting.summary_stats import mean_se
 from laplace_lab.reporting.verdict_rules import (
     CHECK,
     FAILS,
@@ -75,7 +79,7 @@ FIELDS = {
         "peer": {"required": ("id", "kind", "csv", "row", "metric", "source"),
                  "optional": ("margin", "margin_reason", "check", "note", "not_run_reason")},
         "claim": {"required": ("id", "kind", "claim", "quote", "lhs", "op", "rhs", "source"),
-                  "optional": ("margin", "margin_reason", "note", "not_run_reason")}},
+                  "optional": ("margin", "margin_reason", "note", "not_run_reason", "csv", "side")}},
 }
 SIDE_KEYS = ("row", "metric")
 SOURCE_KEYS = {"required": ("paper", "where", "read_from"), "optional": ("row", "column", "cross_check")}
@@ -210,20 +214,23 @@ def _check_margin(path: Path, where: str, entry: dict) -> None:
         _fail(path, where, "field `margin` needs `margin_reason` (why this margin, fixed before looking)")
 
 
+def _check_csv_path(path: Path, where: str, csv_path: Any) -> None:
+    if not _text(csv_path) or Path(csv_path).is_absolute() or ".." in Path(csv_path).parts:
+        _fail(path, where, f"field `csv` must be a path relative to the reference file's folder, inside it "
+                           f"(e.g. peer/authors.csv), got {csv_path!r}")
+
+
 def _check_peer(path: Path, where: str, entry: dict) -> None:
     if not _text(entry["source"]):
         _fail(path, where, "field `source` must name the peer's code and what was run")
     _check_row(path, where, entry["row"], allow_empty=True)
-    csv_path = entry["csv"]
-    if not _text(csv_path) or Path(csv_path).is_absolute() or ".." in Path(csv_path).parts:
-        _fail(path, where, f"field `csv` must be a path relative to the reference file's folder, inside it "
-                           f"(e.g. peer/authors.csv), got {csv_path!r}")
+    _check_csv_path(path, where, entry["csv"])
     _check_margin(path, where, entry)
     if "check" in entry and not _text(entry["check"]):
         _fail(path, where, "field `check` must say why both sides run the same network through the same code "
                            "path (a check, never counted)")
     try:
-        table = peer_pairs.read_peer_csv(path.parent / csv_path)
+        table = peer_pairs.read_peer_csv(path.parent / entry["csv"])
         peer_pairs.side_values(table, entry["row"], entry["metric"], f"reference entry {entry['id']!r}")
     except peer_pairs.PeerCSVError as err:
         _fail(path, f"{where}, field `csv`", str(err))
@@ -251,6 +258,25 @@ def _check_claim(path: Path, where: str, entry: dict, fmt: int) -> None:
         if entry["lhs"] == entry["rhs"]:
             _fail(path, where, "fields `lhs` and `rhs` are the same row and metric: the claim compares a "
                                "configuration with itself")
+    if ("csv" in entry) != ("side" in entry):
+        _fail(path, where, "fields `csv` and `side` go together: a claim on a peer CSV names the CSV and the side "
+                           f"whose rows it judges ({' | '.join(peer_pairs.SIDES)})")
+    if "csv" in entry:
+        _check_csv_claim(path, where, entry)
+
+
+def _check_csv_claim(path: Path, where: str, entry: dict) -> None:
+    """A claim judged on one side of a peer CSV: a known side; rows and metrics that are columns."""
+    _check_csv_path(path, where, entry["csv"])
+    if entry["side"] not in peer_pairs.SIDES:
+        _fail(path, where, f"field `side`={entry['side']!r} is not allowed; allowed: {list(peer_pairs.SIDES)}")
+    try:
+        table = peer_pairs.read_peer_csv(path.parent / entry["csv"])
+        for side in ("lhs", "rhs"):
+            peer_pairs.side_values(table, entry[side]["row"], entry[side]["metric"],
+                                   f"reference entry {entry['id']!r}, field `{side}`")
+    except peer_pairs.PeerCSVError as err:
+        _fail(path, f"{where}, field `csv`", str(err))
 
 
 def _check_entry(path: Path, index: int, entry: Any, seen: set[str], fmt: int) -> None:
@@ -391,14 +417,18 @@ def entry_margin(entry: dict, margins: list[dict] | None) -> tuple[float, str, b
 
 
 def _attach_peer_specs(path: Path, refs: list[dict], peers: dict | None, margins: list[dict] | None) -> None:
-    """Give each peer entry its code (``_code``: a key of PEER_CODES) and margin (``_margin``)."""
+    """Give each entry that reads a peer CSV its code (``_code``: a key of PEER_CODES) and each peer
+    entry its margin (``_margin``)."""
     for entry in refs:
-        if entry["kind"] != "peer":
+        if "csv" not in entry:
             continue
         where = f"entry {entry['id']!r}"
         if peers is None or entry["csv"] not in peers:
             _fail(path, where, f"field `csv` {entry['csv']!r} is not declared in the top-level `peers` "
                                f"(csv: {{code: {' | '.join(PEER_CODES)}, what: ...}})")
+        if entry["kind"] != "peer":
+            entry["_code"] = peers[entry["csv"]]["code"]
+            continue
         margin = entry_margin(entry, margins)
         if margin is None:
             _fail(path, where, f"no equivalence margin for metric {entry['metric']!r}: give `margin` and "
@@ -487,6 +517,17 @@ def find_row(rows: list[Row], group_by: list[str], want: dict[str, Any], where: 
         raise ReferenceFileError(f"{where}: row {{{_label(want)}}} matches {len(hits)} rows ({labels}); "
                              "add group-by keys to pick one")
     return hits[0] if hits else None
+
+
+def csv_lookup(entry: dict[str, Any], side: dict[str, Any],
+               where: str) -> tuple[tuple[float, float, int] | None, str]:
+    """((mean, se, n) over seeds of ``side['metric']`` in the rows ``side['row']`` of the claim's peer
+    CSV (``entry['csv']``) on its ``entry['side']``, ""), or (None, why not run)."""
+    table = peer_pairs.read_peer_csv(Path(entry["_file"]).parent / entry["csv"])
+    values = peer_pairs.side_values(table, side["row"], side["metric"], where)[entry["side"]]
+    if not values:
+        return None, f"{entry['csv']} has no side={entry['side']} row {{{_label(side['row'])}}} with {side['metric']}"
+    return mean_se([values[s] for s in sorted(values)]), ""
 
 
 def lookup(rows: list[Row], group_by: list[str], side: dict[str, Any],
@@ -638,7 +679,8 @@ def verdicts(references: list[dict[str, Any]], rows: list[Row], group_by: list[s
                                e["source"], "value", why))
         else:
             where = f"reference entry {e['id']!r}"
-            (lhs, why_l), (rhs, why_r) = (lookup(rows, group_by, e[s], f"{where}, field `{s}`") for s in ("lhs", "rhs"))
+            (lhs, why_l), (rhs, why_r) = (csv_lookup(e, e[s], f"{where}, field `{s}`") if "csv" in e
+                                          else lookup(rows, group_by, e[s], f"{where}, field `{s}`") for s in ("lhs", "rhs"))
             why = ""
             if lhs is None or rhs is None:
                 verdict, why = "not run", _not_run(e, "; ".join(dict.fromkeys(w for w in (why_l, why_r) if w)))
@@ -650,6 +692,8 @@ def verdicts(references: list[dict[str, Any]], rows: list[Row], group_by: list[s
                 verdict = "reproduces" if OPS[e["op"]](lhs[0], rhs[0]) else "does not reproduce"
             metric = (f"{e['lhs']['metric']} [{_label(e['lhs']['row'])}] {e['op']} "
                       f"{e['rhs']['metric']} [{_label(e['rhs']['row'])}]")
+            if "csv" in e:
+                metric += f" on side={e['side']} of {e['csv']}"
             reference = e["claim"] + (f' ("{e["quote"]}")' if e.get("quote") else "")
             out.append(Verdict(e["id"], metric, reference, f"{_ours_text(lhs)} vs {_ours_text(rhs)}", verdict,
                                format_source(e["source"]), "claim", why))

@@ -89,13 +89,18 @@ def read_results_csv(path: str | Path) -> tuple[list[ref.Row], list[str]]:
     return rows, group_by
 
 
+def reads_peer_csv(entry: dict[str, Any]) -> bool:
+    """A peer entry, or a claim judged on one side of a peer CSV (``csv``): judged once, not per table."""
+    return entry["kind"] == "peer" or "csv" in entry
+
+
 def judge_file(loaded: dict[str, Any], results_dir: Path) -> list[Judged]:
-    """Every entry of one loaded reference file judged: peer entries once, the others against each
-    table the file names (not run, with why, where the table is not committed)."""
+    """Every entry of one loaded reference file judged: entries that read a peer CSV once, the others
+    against each table the file names (not run, with why, where the table is not committed)."""
     entries = loaded["references"]
-    peers = [e for e in entries if e["kind"] == "peer"]
+    peers = [e for e in entries if reads_peer_csv(e)]
     out = [Judged("", v, e["_code"]) for e, v in zip(peers, ref.verdicts(peers, [], []))]
-    table_entries = [e for e in entries if e["kind"] != "peer"]
+    table_entries = [e for e in entries if not reads_peer_csv(e)]
     for table in loaded["tables"] if table_entries else ():
         path = table_commit.settled_table(results_dir, table)[1]
         if path.is_file():
@@ -309,7 +314,7 @@ def table_reports(experiments_dir: Path = EXPERIMENTS_DIR, results_dir: Path = R
         if SECTION not in lines:
             continue
         rows, group_by = read_results_csv(csv_path)
-        entries = [e for f in files for e in f["references"] if e["kind"] != "peer"]
+        entries = [e for f in files for e in f["references"] if not reads_peer_csv(e)]
         names = [str(f["path"].relative_to(Path(experiments_dir).parent)) if f["path"].is_relative_to(
             Path(experiments_dir).parent) else f["path"].name for f in files]
         section = ref.to_markdown(ref.verdicts(entries, rows, group_by), names,
