@@ -57,6 +57,20 @@ def _claim_positive(entry: dict, table: dict) -> bool:
     return d - half > 0 if entry["op"] in (">", ">=") else d + half < 0
 
 
+def _side_table(folder: Path, entry: dict) -> dict[tuple, dict[str, tuple[float, float, int]]]:
+    """For a claim judged on one side of a peer CSV (``csv`` + ``side``): {row key: {metric: (mean, se, n)}}
+    over that side's seeds, from the raw CSV, for the two rows and metrics the claim names."""
+    lines = [line for line in (folder / entry["csv"]).read_text().splitlines() if not line.startswith("#")]
+    records = [r for r in csv.DictReader(lines) if r["side"] == entry["side"]]
+    out = {}
+    for side in (entry["lhs"], entry["rhs"]):
+        vals = np.array([float(r[side["metric"]]) for r in records if r[side["metric"]]
+                         and all(str(r[k]) == str(v) or _num_eq(r[k], v) for k, v in side["row"].items())])
+        se = vals.std(ddof=1) / math.sqrt(len(vals)) if len(vals) > 1 else math.nan
+        out.setdefault(tuple(side["row"].items()), {})[side["metric"]] = (vals.mean(), se, len(vals))
+    return out
+
+
 def _peer_positive(entry: dict, folder: Path, margins: list[dict]) -> bool:
     """The two one-sided tests at 2.5% each (a 95% interval inside the margin), from the raw CSV."""
     import fnmatch
@@ -106,7 +120,7 @@ def _positive_rows():
 @pytest.mark.parametrize("entry, folder, margins, table", list(_positive_rows()))
 def test_every_positive_verdict_survives_an_independent_recomputation(entry, folder, margins, table):
     if entry["kind"] == "claim":
-        assert _claim_positive(entry, _table(table))
+        assert _claim_positive(entry, _side_table(folder, entry) if "csv" in entry else _table(table))
     elif entry["kind"] == "peer":
         assert _peer_positive(entry, folder, margins)
     else:  # a paper value: |ours - paper| within 2 combined standard errors (+ half a printed decimal)
@@ -131,3 +145,14 @@ def test_the_recomputation_rejects_what_the_rules_reject():
     assert not _claim_positive(claim, table)            # within noise, even with >=
     assert _claim_positive(dict(claim, rhs={"row": {"m": "c"}, "metric": "x"}), table)
     assert _claim_positive(dict(claim, margin=0.005), table)  # non-inferiority: not worse by more than 0.005
+
+
+def test_the_recomputation_reads_a_claim_on_one_side_of_a_peer_csv(tmp_path):
+    (tmp_path / "p.csv").write_text("# made by hand\nside,seed,model,x\n"
+                                    + "".join(f"{side},{s},{m},{v + s * 0.01}\n" for side, m, v in
+                                              [("ours", "a", 1.0), ("ours", "b", 0.5), ("theirs", "a", 0.5),
+                                               ("theirs", "b", 1.0)] for s in range(3)))
+    claim = {"op": ">", "lhs": {"row": {"model": "a"}, "metric": "x"}, "rhs": {"row": {"model": "b"}, "metric": "x"},
+             "csv": "p.csv"}
+    assert _claim_positive(claim, _side_table(tmp_path, dict(claim, side="ours")))
+    assert not _claim_positive(claim, _side_table(tmp_path, dict(claim, side="theirs")))
