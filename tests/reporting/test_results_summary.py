@@ -158,4 +158,11 @@ def test_a_claim_on_a_peer_csv_is_judged_once_not_per_table(tmp_path):
                         "source": {"paper": "P", "where": "Sec. 5", "read_from": "arXiv"}}]}))
     judged = rs.judge_file(ref.load_reference(path), res)
     assert [(j.table, j.verdict.verdict, j.code) for j in judged] == [("", ref.REPRODUCES, "authors")]
-    assert "claims reproduced" in rs.HEADER and rs.counts_cells(judged)[1] == "1 of 1"
+    # a claim judged on the peer's side is listed, never counted as a claim reproduced here
+    assert "claims reproduced" in rs.HEADER and rs.counts_cells(judged)[1] == "0 of 0"
+    data = yaml.safe_load(path.read_text())
+    data["references"][0]["side"] = "ours"
+    (exp / "paper" / "peer" / "b.csv").write_text((exp / "paper" / "peer" / "b.csv").read_text().replace("theirs,", "ours,"))
+    path.write_text(yaml.safe_dump(data))
+    judged = rs.judge_file(ref.load_reference(path), res)
+    assert [j.verdict.verdict for j in judged] == [ref.REPRODUCES] and rs.counts_cells(judged)[1] == "1 of 1"

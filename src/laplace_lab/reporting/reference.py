@@ -107,6 +107,7 @@ class Verdict:
     kind: str = "value"
     why: str = ""    # why it is not run (empty otherwise): what is missing, then the entry's not_run_reason
     reason: str = ""  # the entry's not_run_reason (when not run), for grouping
+    side: str = ""    # a claim judged on one side of a peer CSV: "ours" or "theirs" ("" otherwise)
 
 
 def _fail(path: Path, entry: str, message: str) -> None:
@@ -696,7 +697,7 @@ def verdicts(references: list[dict[str, Any]], rows: list[Row], group_by: list[s
                 metric += f" on side={e['side']} of {e['csv']}"
             reference = e["claim"] + (f' ("{e["quote"]}")' if e.get("quote") else "")
             out.append(Verdict(e["id"], metric, reference, f"{_ours_text(lhs)} vs {_ours_text(rhs)}", verdict,
-                               format_source(e["source"]), "claim", why))
+                               format_source(e["source"]), "claim", why, side=e.get("side", "")))
     for v, e in zip(out, references):
         if v.verdict == NOT_RUN:
             v.reason = e.get("not_run_reason", "")

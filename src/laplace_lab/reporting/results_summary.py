@@ -121,9 +121,11 @@ def _count(judged: list[Judged], verdicts: tuple[str, ...]) -> int:
 
 
 def _of(judged: list[Judged], kind: str, wins: tuple[str, ...], code: str | None = None) -> str:
-    """``k of n``: rows of ``kind`` (and peer ``code``) with a verdict in ``wins``, checks left out."""
+    """``k of n``: rows of ``kind`` (and peer ``code``) with a verdict in ``wins``, checks left out, and
+    claims judged on the peer's side of a peer CSV (``side: theirs``) left out: they judge the peer's
+    code, not a reproduction here."""
     rows = [j for j in judged if j.verdict.kind == kind and j.verdict.verdict != rules.CHECK
-            and (code is None or j.code == code)]
+            and (code is None or j.code == code) and j.verdict.side != "theirs"]
     return f"{_count(rows, wins)} of {len(rows)}"
 
 
@@ -273,8 +275,8 @@ def render(experiments_dir: Path = EXPERIMENTS_DIR, results_dir: Path = RESULTS_
              *(f"- {ref.RULES[k]}" for k in ("paper", "claim", "peer")),
              "- *not run*: the table or CSV has no such row or metric (the reason is listed). A row taken out "
              "of the judgement stays in its file under `retired:` with its reason, and is listed below.", "",
-             "Each count `k of n` leaves checks out; `inconclusive`, `misses`, `fails`, `not run` count rows "
-             "of every kind.", ""]
+             "Each count `k of n` leaves checks out, and claims judged on the peer's code (`side: theirs`); "
+             "`inconclusive`, `misses`, `fails`, `not run` count rows of every kind.", ""]
     overview = ["| paper (experiments folder) " + HEADER, RULE]
     sections: list[str] = []
     for folder, loaded in files.items():
