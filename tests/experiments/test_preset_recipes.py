@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 from laplace_lab.config.load import load_run_config
 from laplace_lab.config.store import if_equal
+from laplace_lab.reporting.results_summary import reads_peer_csv
 from tests.conftest import CONF_DIR, compose_config, load_script, run_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,8 +109,8 @@ def test_reference_file_matches_its_preset(path):
     assert len(ids) == len(set(ids)), f"{path}: duplicate ids"
     for r in ref["references"]:
         assert r.get("source"), f"{path}:{r['id']} has no source"
-        if r["kind"] == "peer" or r.get("csv"):  # judged on its own CSV (laplace_lab.reporting.reference
-            continue                                # validates it), not on the table
+        if reads_peer_csv(r):  # judged on its own CSV (laplace_lab.reporting.reference validates it), not on the table
+            continue
         sides = [r] if r["kind"] in ("value", "paper") else [r["lhs"], r["rhs"]]
         if r["kind"] == "value":
             assert isinstance(r["value"], (int, float)) and r["tolerance"] >= 0, r["id"]

@@ -57,15 +57,24 @@ def _claim_positive(entry: dict, table: dict) -> bool:
     return d - half > 0 if entry["op"] in (">", ">=") else d + half < 0
 
 
+def _peer_records(folder: Path, name: str) -> list[dict[str, str]]:
+    """The data rows of the peer CSV ``folder / name`` (``#`` lines left out)."""
+    lines = [line for line in (folder / name).read_text().splitlines() if not line.startswith("#")]
+    return list(csv.DictReader(lines))
+
+
+def _in_row(record: dict[str, str], row: dict) -> bool:
+    """``record`` has every setting of ``row`` (numbers compared as numbers)."""
+    return all(str(record[k]) == str(v) or _num_eq(record[k], v) for k, v in row.items())
+
+
 def _side_table(folder: Path, entry: dict) -> dict[tuple, dict[str, tuple[float, float, int]]]:
     """For a claim judged on one side of a peer CSV (``csv`` + ``side``): {row key: {metric: (mean, se, n)}}
     over that side's seeds, from the raw CSV, for the two rows and metrics the claim names."""
-    lines = [line for line in (folder / entry["csv"]).read_text().splitlines() if not line.startswith("#")]
-    records = [r for r in csv.DictReader(lines) if r["side"] == entry["side"]]
+    records = [r for r in _peer_records(folder, entry["csv"]) if r["side"] == entry["side"]]
     out = {}
     for side in (entry["lhs"], entry["rhs"]):
-        vals = np.array([float(r[side["metric"]]) for r in records if r[side["metric"]]
-                         and all(str(r[k]) == str(v) or _num_eq(r[k], v) for k, v in side["row"].items())])
+        vals = np.array([float(r[side["metric"]]) for r in records if r[side["metric"]] and _in_row(r, side["row"])])
         se = vals.std(ddof=1) / math.sqrt(len(vals)) if len(vals) > 1 else math.nan
         out.setdefault(tuple(side["row"].items()), {})[side["metric"]] = (vals.mean(), se, len(vals))
     return out
@@ -74,10 +83,9 @@ def _side_table(folder: Path, entry: dict) -> dict[tuple, dict[str, tuple[float,
 def _peer_positive(entry: dict, folder: Path, margins: list[dict]) -> bool:
     """The two one-sided tests at 2.5% each (a 95% interval inside the margin), from the raw CSV."""
     import fnmatch
-    lines = [line for line in (folder / entry["csv"]).read_text().splitlines() if not line.startswith("#")]
     values: dict[str, dict[int, float]] = {"ours": {}, "theirs": {}}
-    for r in csv.DictReader(lines):
-        if all(str(r[k]) == str(v) or _num_eq(r[k], v) for k, v in entry["row"].items()) and r[entry["metric"]]:
+    for r in _peer_records(folder, entry["csv"]):
+        if _in_row(r, entry["row"]) and r[entry["metric"]]:
             values[r["side"]][int(r["seed"])] = float(r[entry["metric"]])
     seeds = sorted(set(values["ours"]) & set(values["theirs"]))
     d = np.array([values["ours"][s] - values["theirs"][s] for s in seeds])
